@@ -1,0 +1,3 @@
+from ssindex.cli import main
+
+main()

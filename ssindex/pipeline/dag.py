@@ -1,0 +1,31 @@
+"""The build as data: which stages run, in which order, with which settings.
+
+Engines (``local``; ``ray`` is planned) turn a ``BuildPlan`` into execution.
+Stages never import an engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ssindex.backends.base import Encoder
+from ssindex.config import BuildConfig
+
+STAGES: tuple[str, ...] = ("walk", "chunk", "dedupe", "embed", "quantize", "write")
+
+
+@dataclass(frozen=True)
+class BuildPlan:
+    root: Path
+    index_path: Path
+    config: BuildConfig
+    encoder: Encoder
+    model_key: str
+    """Model content hash and token limit: the part of a vector's identity outside its text."""
+    reuse: Callable[[list[str]], dict[str, np.ndarray]] | None
+    batch_chunks: int = 256
+    """Chunks per batch between dedupe and write."""

@@ -1,0 +1,116 @@
+"""The local engine: the stages as chained iterators, in two threads.
+
+Walk, chunk and dedupe run in a producer thread and hand batches over a
+bounded queue, so parsing overlaps the embedding forward passes (which
+release the GIL) while memory stays bounded by the queue depth.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import pyarrow as pa
+
+from ssindex.pipeline.dag import BuildPlan
+from ssindex.pipeline.progress import Progress
+from ssindex.pipeline.rows import to_record_batch
+from ssindex.pipeline.timing import StageClock
+from ssindex.rows import Chunk, SourceFile
+from ssindex.stages.chunk import ChunkStats, chunk
+from ssindex.stages.dedupe import DedupeStats, dedupe
+from ssindex.stages.embed import EmbedStats, embed
+from ssindex.stages.quantize import quantize
+from ssindex.stages.walk import WalkStats, walk
+
+T = TypeVar("T")
+_DONE = object()
+
+
+@dataclass
+class RunStats:
+    walk: WalkStats = field(default_factory=WalkStats)
+    chunk: ChunkStats = field(default_factory=ChunkStats)
+    dedupe: DedupeStats = field(default_factory=DedupeStats)
+    embed: EmbedStats = field(default_factory=EmbedStats)
+    clock: StageClock = field(default_factory=StageClock)
+    manifest: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _rebatch(lists: Iterable[list[T]], size: int) -> Iterator[list[T]]:
+    pending: list[T] = []
+    for items in lists:
+        pending.extend(items)
+        while len(pending) >= size:
+            yield pending[:size]
+            pending = pending[size:]
+    if pending:
+        yield pending
+
+
+def _prefetch(items: Iterator[T], depth: int) -> Iterator[T]:
+    """Run ``items`` in a daemon thread; re-raise its error in the consumer."""
+    buffer: queue.Queue[Any] = queue.Queue(maxsize=depth)
+    failure: list[BaseException] = []
+
+    def produce() -> None:
+        try:
+            for item in items:
+                buffer.put(item)
+        except BaseException as exc:  # handed to the consumer thread, raised there
+            failure.append(exc)
+        finally:
+            buffer.put(_DONE)
+
+    threading.Thread(target=produce, daemon=True, name="ssindex-producer").start()
+    while (item := buffer.get()) is not _DONE:
+        yield item
+    if failure:
+        raise failure[0]
+
+
+def run_local(plan: BuildPlan, stats: RunStats, progress: Progress) -> Iterator[pa.RecordBatch]:
+    """Yield the record batches of every row of the new index, in path order."""
+    clock = stats.clock
+    cfg = plan.config
+
+    def track_files(files: Iterable[SourceFile]) -> Iterator[SourceFile]:
+        for source in files:
+            progress.advance("walk")
+            yield source
+
+    def track_chunks(per_file: Iterable[list[Chunk]], files: list[SourceFile]) -> Iterator[
+            list[Chunk]]:
+        for chunks in per_file:
+            source = files.pop(0)
+            stats.manifest.append({"path": source.path, "size": source.size,
+                                   "mtime_ns": source.mtime_ns,
+                                   "content_hash": source.content_hash,
+                                   "chunk_ids": [c.id for c in chunks]})
+            progress.advance("chunk", len(chunks))
+            yield chunks
+
+    def producer() -> Iterator[Any]:
+        seen: list[SourceFile] = []
+
+        def remember(files: Iterable[SourceFile]) -> Iterator[SourceFile]:
+            for source in files:
+                seen.append(source)
+                yield source
+
+        files = clock.timed("walk", track_files(walk(plan.root, cfg.walk, stats.walk,
+                                                     exclude=plan.index_path)), None)
+        per_file = clock.timed("chunk", chunk(remember(files), cfg.chunk, stats.chunk), "walk")
+        batches = _rebatch(track_chunks(per_file, seen), plan.batch_chunks)
+        yield from clock.timed("dedupe", dedupe(batches, cfg.dedupe, stats.dedupe), "chunk")
+
+    handed = clock.timed("wait", _prefetch(producer(), depth=8), None)
+    embedded = clock.timed("embed", embed(handed, plan.encoder, plan.model_key, stats.embed,
+                                          plan.reuse), "wait")
+    for batch, codes, scales in clock.timed("quantize", quantize(embedded, cfg.quantization),
+                                            "embed"):
+        progress.advance("embed", len(batch))
+        yield to_record_batch(batch, codes, scales, plan.model_key)

@@ -1,0 +1,116 @@
+"""Terminal front end of a build: live progress and the summary table.
+
+On a terminal: a rich display per stage (count, rate, ETA). Elsewhere (CI
+logs): one plain progress line every few seconds, never control characters.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Table
+
+_UNITS = {"walk": "files", "chunk": "chunks", "embed": "chunks"}
+
+
+class RichProgress:
+    """Live per-stage progress on stderr."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self._progress = Progress(
+            TextColumn("[bold]{task.description:<6}"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("{task.fields[unit]}"), TextColumn("[cyan]{task.fields[rate]}"),
+            TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=False,
+        )
+        self._tasks: dict[str, TaskID] = {}
+        self._counts: dict[str, int] = {}
+        self._started = time.perf_counter()
+
+    def __enter__(self) -> RichProgress:
+        self._progress.start()
+        for stage, unit in _UNITS.items():
+            self._tasks[stage] = self._progress.add_task(stage, total=None, unit=unit, rate="")
+            self._counts[stage] = 0
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._progress.stop()
+
+    def advance(self, stage: str, amount: int = 1) -> None:
+        if stage not in self._tasks:
+            return
+        self._counts[stage] += amount
+        rate = self._counts[stage] / max(time.perf_counter() - self._started, 1e-6)
+        self._progress.update(self._tasks[stage], advance=amount, rate=f"{rate:,.0f}/s")
+        if stage == "chunk":
+            self._progress.update(self._tasks["embed"], total=self._counts["chunk"])
+
+    def message(self, text: str) -> None:
+        self.console.print(f"[yellow]warning:[/] {text}")
+
+
+class PlainProgress:
+    """Periodic one-line progress for logs (no TTY)."""
+
+    def __init__(self, every: float = 10.0) -> None:
+        self._every = every
+        self._counts = dict.fromkeys(_UNITS, 0)
+        self._started = self._last = time.perf_counter()
+
+    def __enter__(self) -> PlainProgress:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._line()
+
+    def advance(self, stage: str, amount: int = 1) -> None:
+        if stage in self._counts:
+            self._counts[stage] += amount
+        if time.perf_counter() - self._last >= self._every:
+            self._line()
+
+    def message(self, text: str) -> None:
+        print(f"warning: {text}", file=sys.stderr, flush=True)
+
+    def _line(self) -> None:
+        self._last = time.perf_counter()
+        elapsed = self._last - self._started
+        c = self._counts
+        rate = c["embed"] / elapsed if elapsed else 0.0
+        print(f"progress: {elapsed:6.0f}s walk {c['walk']} files | chunk {c['chunk']} | "
+              f"embed {c['embed']}/{c['chunk']} ({rate:.1f} chunks/s)", file=sys.stderr,
+              flush=True)
+
+
+def summary_table(stats: dict[str, Any]) -> Table:
+    table = Table(title="ssindex build", show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column()
+    skipped = ", ".join(f"{k} {v}" for k, v in stats["files_skipped"].items()) or "none"
+    bulk = stats["backends"]["embed_bulk"]
+    rows = [
+        ("files", f"{stats['files_indexed']} indexed of {stats['files_seen']} seen"),
+        ("skipped", skipped),
+        ("chunks", f"{stats['chunks_total']} total, {stats['chunks_embedded']} embedded, "
+                   f"{stats['chunks_deduplicated']} duplicates, {stats['chunks_reused']} reused"),
+        ("truncated", f"{stats['chunks_truncated']} chunks longer than the model's limit"),
+        ("backend", f"{bulk['backend']} ({bulk['dtype']}): {bulk['reason']}"
+                    + (f" [fallback: {bulk['fallback_reason']}]" if bulk.get("fallback_reason")
+                       else "")),
+        ("model", f"{stats['model']}, {stats['quantization']} "
+                  f"({stats['vector_bytes_per_chunk']} B/vector)"),
+        ("stages", "  ".join(f"{k} {v:.1f}s" for k, v in stats["stage_seconds"].items())),
+        ("wall", f"{stats['wall_seconds']:.1f}s"),
+        ("index", f"{stats['index']} (version {stats['table_version']})"),
+    ]
+    for key, value in rows:
+        table.add_row(key, value)
+    return table

@@ -1,0 +1,152 @@
+"""Search an index: lexical (BM25 over identifier-aware terms), semantic, hybrid.
+
+A ``Searcher`` pins the version ``HEAD.json`` names when it opens, loads the
+stored vectors once (dequantized into one float32 matrix, scanned exactly),
+and keeps its query backend warm, so repeated searches pay only for the query.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ssindex.backends.base import Encoder
+from ssindex.backends.model import ModelSpec
+from ssindex.backends.selector import Selection, select
+from ssindex.config import SEARCH_MODES
+from ssindex.errors import ConfigError, IndexCorrupt
+from ssindex.lexical import analyze
+from ssindex.stages.quantize import dequantize_matrix
+from ssindex.store import IndexDir, binary_matrix, scan, take
+
+RRF_K = 60
+CANDIDATES = 100
+"""Depth of each leg's ranking before fusion."""
+_META = ["path", "start_line", "end_line", "language", "symbol", "kind"]
+
+
+@dataclass
+class Hit:
+    row_id: int
+    score: float
+
+
+@dataclass
+class SearchResponse:
+    query: str
+    mode: str
+    results: list[dict[str, Any]]
+    backend: dict[str, Any] | None = None
+    timings_ms: dict[str, float] = field(default_factory=dict)
+
+    def as_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"query": self.query, "mode": self.mode, "results": self.results}
+        if self.backend is not None:
+            data["backend"] = self.backend
+        data["timings_ms"] = self.timings_ms
+        return data
+
+
+def reciprocal_rank_fusion(rankings: list[list[Hit]], k: int = RRF_K) -> list[Hit]:
+    scores: dict[int, float] = {}
+    for ranking in rankings:
+        for rank, hit in enumerate(ranking):
+            scores[hit.row_id] = scores.get(hit.row_id, 0.0) + 1.0 / (k + rank + 1)
+    return [Hit(row, score) for row, score in sorted(scores.items(), key=lambda x: -x[1])]
+
+
+class Searcher:
+    """Queries one committed version of an index."""
+
+    def __init__(self, index_path: Path, backend: str | None = None) -> None:
+        self.index = IndexDir(index_path)
+        self.head = self.index.read_head()
+        self.table = self.index.open_table(self.head.table_version)
+        self._backend_choice = backend
+        self._selection: Selection | None = None
+        self._encoder: Encoder | None = None
+        self._row_ids: np.ndarray | None = None
+        self._matrix: np.ndarray | None = None
+
+    # -- the legs -------------------------------------------------------------------------
+    def lexical(self, query: str, limit: int = CANDIDATES) -> list[Hit]:
+        from lancedb.query import MultiMatchQuery
+
+        terms = analyze(query)
+        if not terms:
+            return []
+        fts = MultiMatchQuery(terms, ["lex_body", "lex_name"], boosts=[1.0, 2.0])
+        try:
+            data = (self.table.search(fts, query_type="fts").select([]).with_row_id(True)
+                    .limit(limit).to_arrow())
+        except Exception as exc:  # Lance reports a missing or broken FTS index this way
+            raise IndexCorrupt(f"full-text search failed on {self.index.path}: {exc}") from exc
+        return [Hit(int(r), float(s)) for r, s in
+                zip(data["_rowid"].to_pylist(), data["_score"].to_pylist(), strict=True)]
+
+    def semantic(self, query: str, limit: int = CANDIDATES) -> list[Hit]:
+        row_ids, matrix = self._vectors()
+        if len(row_ids) == 0:
+            return []
+        scores = matrix @ self.embed_query(query)
+        top = np.argpartition(-scores, min(limit, len(scores) - 1))[:limit]
+        top = top[np.argsort(-scores[top], kind="stable")]
+        return [Hit(int(row_ids[i]), float(scores[i])) for i in top]
+
+    def embed_query(self, query: str) -> np.ndarray:
+        return self.encoder.encode([query])[0]
+
+    # -- public ---------------------------------------------------------------------------
+    def search(self, query: str, k: int = 10, mode: str = "hybrid") -> SearchResponse:
+        if mode not in SEARCH_MODES:
+            raise ConfigError(f"unknown mode {mode!r} (modes: {', '.join(SEARCH_MODES)})")
+        if k < 1:
+            raise ConfigError("-k must be at least 1")
+        started = time.perf_counter()
+        depth = max(CANDIDATES, k)
+        if mode == "lexical":
+            hits = self.lexical(query, k)
+        elif mode == "semantic":
+            hits = self.semantic(query, k)
+        else:
+            hits = reciprocal_rank_fusion([self.semantic(query, depth),
+                                           self.lexical(query, depth)])
+        ranked = self._fetch(hits[:k])
+        elapsed = {"total": round((time.perf_counter() - started) * 1000, 2)}
+        backend = self._selection.as_json() if self._selection is not None else None
+        return SearchResponse(query, mode, ranked, backend, elapsed)
+
+    @property
+    def encoder(self) -> Encoder:
+        if self._encoder is None:
+            model = ModelSpec.resolve(self.head.data["model"]["path"])
+            if model.fingerprint != self.head.data["model"]["fingerprint"]:
+                raise IndexCorrupt(
+                    f"the model at {model.path} changed since the index was built; rebuild"
+                )
+            self._selection = select("embed_query", model, self._backend_choice)
+            self._encoder = Encoder(self._selection.backend, model,
+                                    int(self.head.data["model"]["max_tokens"]))
+        return self._encoder
+
+    # -- internals ------------------------------------------------------------------------
+    def _vectors(self) -> tuple[np.ndarray, np.ndarray]:
+        if self._row_ids is None or self._matrix is None:
+            data = scan(self.table, ["vec_codes", "vec_scale"], with_row_id=True)
+            self._row_ids = data.column("_rowid").to_numpy()
+            self._matrix = dequantize_matrix(
+                binary_matrix(data.column("vec_codes").combine_chunks()),
+                data.column("vec_scale").to_numpy(), self.head.quantization,  # type: ignore[arg-type]
+                self.head.dim,
+            )
+        return self._row_ids, self._matrix
+
+    def _fetch(self, hits: list[Hit]) -> list[dict[str, Any]]:
+        if not hits:
+            return []
+        rows = take(self.table, [h.row_id for h in hits], [*_META, "text"])
+        return [{**row, "score": round(hit.score, 6)} for row, hit in zip(rows, hits, strict=True)]

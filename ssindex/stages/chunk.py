@@ -1,0 +1,286 @@
+"""cAST chunking (arXiv:2506.15655): AST-shaped chunks under a size budget.
+
+For each file, in four steps:
+
+1. Parse with tree-sitter (languages in ``AST_LANGUAGES``); other files, and
+   files whose tree has syntax errors, go to the line-window chunker.
+2. Split: a node whose lines hold more non-whitespace characters than the
+   budget is replaced by its children, recursively; a leaf that is still too
+   large is cut into line windows.
+3. Tile: children become whole-line spans that cover the parent without gaps
+   or overlaps. Gap lines (blank lines, comments) join the span below them,
+   so a comment or decorator stays with the code it describes.
+4. Merge: adjacent sibling spans are merged greedily while the merged span
+   fits the budget. Only siblings merge, so a chunk never straddles two
+   unrelated subtrees.
+
+Sizes are non-whitespace characters, so indentation does not eat the budget.
+A chunk is always whole lines; a single line longer than the budget is one
+chunk of its own (its embedding truncation is counted by the embed stage).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import PurePosixPath
+from typing import Any
+
+import xxhash
+
+from ssindex.config import ChunkConfig
+from ssindex.languages import AST_LANGUAGES
+from ssindex.rows import Chunk, SourceFile
+
+_DEFINITION_KINDS: dict[str, str] = {
+    "function_definition": "function", "function_declaration": "function",
+    "function_item": "function", "generator_function_declaration": "function",
+    "method_definition": "method", "method_declaration": "method", "method": "method",
+    "singleton_method": "method", "constructor_declaration": "method",
+    "class_definition": "class", "class_declaration": "class", "class_specifier": "class",
+    "class": "class", "record_declaration": "class", "object_declaration": "object",
+    "object_definition": "object", "interface_declaration": "interface",
+    "protocol_declaration": "interface", "trait_item": "trait", "trait_declaration": "trait",
+    "trait_definition": "trait", "struct_item": "struct", "struct_specifier": "struct",
+    "struct_declaration": "struct", "enum_item": "enum", "enum_declaration": "enum",
+    "impl_item": "impl", "mod_item": "module", "module": "module",
+    "namespace_definition": "namespace", "namespace_declaration": "namespace",
+    "type_declaration": "type", "type_alias_declaration": "type",
+}
+_CONTAINER_KINDS = frozenset({"class", "object", "interface", "trait", "struct", "impl", "enum"})
+_NAME_TYPES = frozenset({
+    "identifier", "type_identifier", "field_identifier", "property_identifier",
+    "simple_identifier", "constant", "name", "qualified_identifier", "scoped_identifier",
+    "word",
+})
+
+
+@dataclass(slots=True)
+class ChunkStats:
+    files: int = 0
+    chunks: int = 0
+    chunkers: Counter[str] = field(default_factory=Counter)
+    """Files per chunker: ``ast``, ``lines``, ``lines_parse_error``."""
+
+
+@dataclass(slots=True)
+class _Span:
+    start: int
+    end: int
+    """0-based inclusive rows."""
+    symbol: str
+    kind: str
+    own: bool = False
+    """The span is exactly one definition."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Lines:
+    rows: list[str]
+    prefix: list[int]
+    """prefix[i] = non-whitespace characters in rows[:i]."""
+
+    @classmethod
+    def of(cls, text: str) -> _Lines:
+        rows = text.split("\n")
+        if rows and rows[-1] == "":
+            rows.pop()
+        sizes = (sum(map(len, row.split())) for row in rows)
+        return cls(rows, [0, *itertools.accumulate(sizes)])
+
+    def size(self, start: int, end: int) -> int:
+        return self.prefix[end + 1] - self.prefix[start]
+
+
+def chunk(files: Iterable[SourceFile], cfg: ChunkConfig, stats: ChunkStats) -> Iterator[list[Chunk]]:
+    """Yield the chunks of each file, one list per file, in input order."""
+    for source in files:
+        chunks, chunker = chunk_file(source, cfg)
+        stats.files += 1
+        stats.chunks += len(chunks)
+        stats.chunkers[chunker] += 1
+        yield chunks
+
+
+def chunk_file(source: SourceFile, cfg: ChunkConfig) -> tuple[list[Chunk], str]:
+    """The chunks of one file and the name of the chunker that made them."""
+    lines = _Lines.of(source.text)
+    if not lines.rows:
+        return [], "lines"
+    module = (PurePosixPath(source.path).stem, "module")
+    spans: list[_Span] | None = None
+    chunker = "lines"
+    if source.language in AST_LANGUAGES:
+        spans = _ast_spans(source, lines, cfg, module)
+        chunker = "ast" if spans is not None else "lines_parse_error"
+    if spans is None:
+        spans = _line_windows(lines, 0, len(lines.rows) - 1, module, cfg.max_chars)
+    chunks = [_to_chunk(source, lines, s) for s in spans if lines.size(s.start, s.end)]
+    return chunks, chunker
+
+
+@cache
+def _parser(language: str) -> Any:
+    from tree_sitter_language_pack import get_parser
+
+    return get_parser(language)  # type: ignore[arg-type]
+
+
+def _ast_spans(
+    source: SourceFile, lines: _Lines, cfg: ChunkConfig, module: tuple[str, str]
+) -> list[_Span] | None:
+    try:
+        tree = _parser(source.language or "").parse(source.text.encode("utf-8"))
+    except Exception:  # a grammar that cannot load or parse: line windows instead
+        return None
+    root = tree.root_node
+    if root.has_error:
+        return None
+    last = len(lines.rows) - 1
+    spans = _split(root, module, 0, lines, cfg, is_root=True)
+    spans = _tile(spans, 0, last)
+    return _merge(spans, lines, cfg.max_chars, module)
+
+
+def _rows(node: Any) -> tuple[int, int]:
+    start, end = node.start_point[0], node.end_point[0]
+    if node.end_point[1] == 0 and end > start:
+        end -= 1
+    return start, end
+
+
+def _split(
+    node: Any, ctx: tuple[str, str], depth: int, lines: _Lines, cfg: ChunkConfig,
+    is_root: bool = False,
+) -> list[_Span]:
+    start, end = _rows(node)
+    end = min(end, len(lines.rows) - 1)
+    definition = None if is_root else _definition(node, ctx)
+    node_ctx = definition or ctx
+    if lines.size(start, end) <= cfg.max_chars:
+        return [_Span(start, end, *node_ctx, own=definition is not None)]
+    children = node.children
+    if not children or depth >= cfg.max_depth:
+        return _line_windows(lines, start, end, node_ctx, cfg.max_chars)
+    pieces: list[_Span] = []
+    for child in children:
+        pieces += _split(child, node_ctx, depth + 1, lines, cfg)
+    return _merge(_tile(pieces, start, end), lines, cfg.max_chars, node_ctx)
+
+
+def _tile(pieces: list[_Span], start: int, end: int) -> list[_Span]:
+    """Make ``pieces`` cover rows start..end exactly, without overlap."""
+    tiled: list[_Span] = []
+    covered = start - 1
+    for piece in pieces:
+        if piece.end <= covered:
+            continue
+        piece.start = covered + 1
+        tiled.append(piece)
+        covered = piece.end
+    if tiled:
+        tiled[-1].end = max(tiled[-1].end, end)
+    return tiled
+
+
+def _merge(pieces: list[_Span], lines: _Lines, budget: int, ctx: tuple[str, str]) -> list[_Span]:
+    """Greedily merge adjacent sibling spans while the result fits the budget."""
+    merged: list[_Span] = []
+    group: list[_Span] = []
+    for piece in pieces:
+        if group and lines.size(group[0].start, piece.end) > budget:
+            merged.append(_join(group, ctx))
+            group = []
+        group.append(piece)
+    if group:
+        merged.append(_join(group, ctx))
+    return merged
+
+
+def _join(group: list[_Span], ctx: tuple[str, str]) -> _Span:
+    if len(group) == 1:
+        return group[0]
+    owners = [span for span in group if span.own]
+    symbol, kind = (owners[0].symbol, owners[0].kind) if len(owners) == 1 else ctx
+    return _Span(group[0].start, group[-1].end, symbol, kind)
+
+
+def _line_windows(
+    lines: _Lines, start: int, end: int, ctx: tuple[str, str], budget: int
+) -> list[_Span]:
+    spans: list[_Span] = []
+    first = start
+    for row in range(start, end + 1):
+        if row > first and lines.size(first, row) > budget:
+            spans.append(_Span(first, row - 1, *ctx))
+            first = row
+    spans.append(_Span(first, end, *ctx))
+    return spans
+
+
+def _definition(node: Any, ctx: tuple[str, str]) -> tuple[str, str] | None:
+    """(qualified name, kind) when ``node`` defines a named symbol."""
+    if node.type == "decorated_definition":
+        inner = node.child_by_field_name("definition")
+        return _definition(inner, ctx) if inner is not None else None
+    kind = _DEFINITION_KINDS.get(node.type)
+    if kind is None:
+        return None
+    name = _name(node)
+    if not name:
+        return None
+    if kind == "function" and ctx[1] in _CONTAINER_KINDS:
+        kind = "method"
+    if ctx[1] != "module":
+        name = f"{ctx[0]}.{name}"
+    return name, kind
+
+
+def _name(node: Any) -> str | None:
+    target = node.child_by_field_name("name") or node.child_by_field_name("type")
+    declarator = node.child_by_field_name("declarator")
+    while target is None and declarator is not None:
+        if declarator.type in _NAME_TYPES:
+            target = declarator
+            break
+        declarator = declarator.child_by_field_name("declarator") or next(
+            (c for c in declarator.named_children if c.type in _NAME_TYPES), None
+        )
+    if target is None:
+        target = next((c for c in node.named_children if c.type in _NAME_TYPES), None)
+    if target is None:
+        spec = next((c for c in node.named_children if c.type == "type_spec"), None)
+        target = spec.child_by_field_name("name") if spec is not None else None
+    if target is None or target.text is None:
+        return None
+    return target.text.decode("utf-8", errors="replace").strip()[:200] or None
+
+
+def normalized_hash(text: str) -> str:
+    """Hash of the text with all whitespace runs collapsed: exact-duplicate key."""
+    return xxhash.xxh3_128_hexdigest(" ".join(text.split()).encode("utf-8"))
+
+
+def chunk_id(path: str, start_line: int, end_line: int, content_hash: str) -> str:
+    return xxhash.xxh3_64_hexdigest(f"{path}\0{start_line}\0{end_line}\0{content_hash}".encode())
+
+
+def _to_chunk(source: SourceFile, lines: _Lines, span: _Span) -> Chunk:
+    text = "\n".join(lines.rows[span.start : span.end + 1])
+    digest = normalized_hash(text)
+    start_line, end_line = span.start + 1, span.end + 1
+    return Chunk(
+        id=chunk_id(source.path, start_line, end_line, digest),
+        path=source.path,
+        language=source.language,
+        start_line=start_line,
+        end_line=end_line,
+        symbol=span.symbol,
+        kind=span.kind,
+        text=text,
+        content_hash=digest,
+        file_hash=source.content_hash,
+    )

@@ -1,0 +1,73 @@
+"""Embed: float32 unit vectors for chunks, each distinct content embedded once.
+
+What the model sees for a chunk is ``embedding_text``: a one-line header
+``"<kind> <symbol>"`` (e.g. ``method Parser.feed``) above the chunk's code.
+Module-level chunks get no header. The header holds no path on purpose: a
+chunk's vector then depends on its content alone, so copied and renamed
+files cost no embedding and incremental builds equal clean ones. Paths are
+matched by the lexical leg instead.
+
+Vectors are reused, in this order, from: the exemplar of a duplicate
+(``dup_of``), then the previous index (``reuse``, keyed by ``embed_key``),
+and only then computed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import xxhash
+
+from ssindex.backends.base import Encoder
+from ssindex.rows import Chunk, IndexedChunk
+
+Reuse = Callable[[list[str]], dict[str, np.ndarray]]
+"""Looks up embed keys in a previous index; returns the vectors it has."""
+
+
+@dataclass(slots=True)
+class EmbedStats:
+    embedded: int = 0
+    reused: int = 0
+    copied_from_exemplar: int = 0
+
+
+def embedding_text(chunk: Chunk) -> str:
+    if chunk.kind == "module":
+        return chunk.text
+    return f"{chunk.kind} {chunk.symbol}\n{chunk.text}"
+
+
+def embed_key(chunk: Chunk, model_key: str) -> str:
+    """Identity of a vector: model, its settings, and the exact text embedded."""
+    return xxhash.xxh3_128_hexdigest(f"{model_key}\0{embedding_text(chunk)}".encode())
+
+
+def embed(
+    batches: Iterable[list[IndexedChunk]],
+    encoder: Encoder,
+    model_key: str,
+    stats: EmbedStats,
+    reuse: Reuse | None = None,
+) -> Iterator[list[IndexedChunk]]:
+    """Give every chunk a vector; duplicates get their exemplar's."""
+    exemplar_vectors: dict[str, np.ndarray] = {}
+    for batch in batches:
+        fresh = [row for row in batch if row.dup_of is None]
+        keys = [embed_key(row.chunk, model_key) for row in fresh]
+        found = reuse(keys) if reuse is not None else {}
+        missing = [(row, key) for row, key in zip(fresh, keys, strict=True) if key not in found]
+        vectors = encoder.encode([embedding_text(row.chunk) for row, _ in missing])
+        computed = {key: vector for (_, key), vector in zip(missing, vectors, strict=True)}
+        for row, key in zip(fresh, keys, strict=True):
+            row.vector = found[key] if key in found else computed[key]
+            exemplar_vectors[row.chunk.id] = row.vector
+        stats.embedded += len(missing)
+        stats.reused += len(fresh) - len(missing)
+        for row in batch:
+            if row.dup_of is not None:
+                row.vector = exemplar_vectors[row.dup_of]
+                stats.copied_from_exemplar += 1
+        yield batch

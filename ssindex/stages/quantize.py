@@ -1,0 +1,74 @@
+"""Quantize: float32 unit vectors → compact codes with a per-vector scale.
+
+- ``int8``: symmetric, ``code = round(v / scale)``, ``scale = max|v| / 127``;
+  one byte per dimension.
+- ``int4``: symmetric in [-7, 7], two codes per byte; half a byte per dimension.
+- ``none``: the float32 bytes themselves (scale 1).
+
+Codes are stored as raw bytes so the three kinds share one column layout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+import numpy as np
+
+from ssindex.config import Quantization
+from ssindex.rows import IndexedChunk
+
+_LEVELS = {"int8": 127, "int4": 7}
+
+
+def bytes_per_vector(method: Quantization, dim: int) -> int:
+    """Stored bytes of one vector: codes plus a float32 scale."""
+    codes = {"int8": dim, "int4": (dim + 1) // 2, "none": 4 * dim}[method]
+    return codes + (0 if method == "none" else 4)
+
+
+def quantize_matrix(vectors: np.ndarray, method: Quantization) -> tuple[np.ndarray, np.ndarray]:
+    """(codes as uint8 rows, float32 scales) for a float32 matrix."""
+    vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+    if method == "none":
+        return vectors.view(np.uint8).reshape(len(vectors), -1), np.ones(len(vectors), np.float32)
+    levels = _LEVELS[method]
+    scales = np.abs(vectors).max(axis=1) / levels
+    scales = np.where(scales > 0, scales, 1.0).astype(np.float32)
+    codes = np.clip(np.rint(vectors / scales[:, None]), -levels, levels).astype(np.int8)
+    if method == "int8":
+        return codes.view(np.uint8), scales
+    if codes.shape[1] % 2:
+        codes = np.pad(codes, ((0, 0), (0, 1)))
+    nibbles = (codes + 8).astype(np.uint8)
+    return (nibbles[:, 0::2] << 4) | nibbles[:, 1::2], scales
+
+
+def dequantize_matrix(
+    codes: np.ndarray, scales: np.ndarray, method: Quantization, dim: int
+) -> np.ndarray:
+    """float32 vectors back from stored codes (uint8 rows)."""
+    if method == "none":
+        return np.ascontiguousarray(codes).view(np.float32).reshape(len(codes), dim)
+    if method == "int8":
+        values = codes.view(np.int8).astype(np.float32)
+    else:
+        high = (codes >> 4).astype(np.int8) - 8
+        low = (codes & 0x0F).astype(np.int8) - 8
+        values = np.empty((len(codes), codes.shape[1] * 2), np.float32)
+        values[:, 0::2], values[:, 1::2] = high, low
+        values = values[:, :dim]
+    return values * scales[:, None]
+
+
+def quantize(
+    batches: Iterable[list[IndexedChunk]], method: Quantization
+) -> Iterator[tuple[list[IndexedChunk], np.ndarray, np.ndarray]]:
+    """Attach codes and scales to each batch of embedded chunks."""
+    for batch in batches:
+        if not batch:
+            continue
+        vectors = np.stack([row.vector for row in batch if row.vector is not None])
+        if len(vectors) != len(batch):
+            raise ValueError("quantize needs every chunk embedded")
+        codes, scales = quantize_matrix(vectors, method)
+        yield batch, codes, scales

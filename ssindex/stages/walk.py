@@ -1,0 +1,223 @@
+"""Walk: git-aware discovery of the text files under a root.
+
+Yields ``SourceFile`` rows in sorted path order, reading each file once. Every
+file that is not yielded is counted under a skip reason; directories pruned
+whole (deny list, ignore rules) are counted separately.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pathspec
+import xxhash
+
+from ssindex.config import WalkConfig
+from ssindex.errors import ConfigError
+from ssindex.languages import detect_language
+from ssindex.rows import SourceFile
+
+DENIED_DIRS: frozenset[str] = frozenset({
+    ".git", ".hg", ".svn", ".ssindex", "node_modules", "bower_components", "__pycache__",
+    ".venv", "venv", ".tox", ".nox", ".mypy_cache", ".pytest_cache", ".ruff_cache",
+    "dist", "build", "target", ".gradle", ".idea", "vendor", "site-packages", ".eggs",
+})
+IGNORE_FILES: tuple[str, ...] = (".gitignore", ".ssindexignore")
+_SNIFF_BYTES = 8192
+
+
+@dataclass(slots=True)
+class WalkStats:
+    files_seen: int = 0
+    skipped: Counter[str] = field(default_factory=Counter)
+    dirs_pruned: Counter[str] = field(default_factory=Counter)
+
+
+@dataclass(frozen=True, slots=True)
+class _IgnoreScope:
+    base: str
+    """Directory (relative, '' for the root) whose ignore files define ``spec``."""
+    spec: pathspec.PathSpec
+
+
+def content_hash(data: bytes) -> str:
+    return xxhash.xxh3_128_hexdigest(data)
+
+
+def walk(
+    root: Path, cfg: WalkConfig, stats: WalkStats, exclude: Path | None = None
+) -> Iterator[SourceFile]:
+    """Yield the indexable files under ``root``; ``exclude`` (the index dir) is never entered."""
+    root = check_root(root)
+    excluded = exclude.resolve() if exclude is not None else None
+    extra = [_IgnoreScope("", _spec(cfg.extra_ignores))] if cfg.extra_ignores else []
+    yield from _walk_dir(root, root, "", extra, cfg, stats, excluded)
+
+
+def check_root(root: Path) -> Path:
+    if not root.exists():
+        raise ConfigError(f"path does not exist: {root}")
+    if not root.is_dir():
+        raise ConfigError(f"path is not a directory: {root}")
+    if not os.access(root, os.R_OK | os.X_OK):
+        raise ConfigError(f"directory is not readable: {root}")
+    return root.resolve()
+
+
+def _spec(lines: tuple[str, ...] | list[str]) -> pathspec.PathSpec:
+    return pathspec.GitIgnoreSpec.from_lines(lines)
+
+
+def _load_scope(directory: Path, rel: str) -> _IgnoreScope | None:
+    lines: list[str] = []
+    for name in IGNORE_FILES:
+        try:
+            lines += (directory / name).read_text(encoding="utf-8", errors="replace").splitlines()
+        except OSError:
+            continue
+    return _IgnoreScope(rel, _spec(lines)) if lines else None
+
+
+def _ignored(rel: str, is_dir: bool, scopes: list[_IgnoreScope]) -> bool:
+    for scope in scopes:
+        sub = rel[len(scope.base) + 1 :] if scope.base else rel
+        if scope.spec.match_file(sub + "/" if is_dir else sub):
+            return True
+    return False
+
+
+def _walk_dir(
+    root: Path,
+    directory: Path,
+    rel_dir: str,
+    scopes: list[_IgnoreScope],
+    cfg: WalkConfig,
+    stats: WalkStats,
+    excluded: Path | None,
+) -> Iterator[SourceFile]:
+    scope = _load_scope(directory, rel_dir)
+    if scope is not None:
+        scopes = [*scopes, scope]
+    try:
+        with os.scandir(directory) as it:
+            entries = sorted(it, key=lambda e: e.name)
+    except OSError:
+        stats.dirs_pruned["unreadable"] += 1
+        return
+    for entry in entries:
+        rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
+        if not _utf8_name(rel):
+            stats.files_seen += 1
+            stats.skipped["non_utf8_name"] += 1
+            continue
+        try:
+            is_link = entry.is_symlink()
+            is_dir = entry.is_dir(follow_symlinks=False)
+        except OSError:
+            stats.files_seen += 1
+            stats.skipped["vanished"] += 1
+            continue
+        if is_dir:
+            reason = _prune_reason(entry, rel, scopes, excluded)
+            if reason:
+                stats.dirs_pruned[reason] += 1
+                continue
+            yield from _walk_dir(root, Path(entry.path), rel, scopes, cfg, stats, excluded)
+            continue
+        if entry.name in IGNORE_FILES:
+            continue
+        stats.files_seen += 1
+        if _ignored(rel, False, scopes):
+            stats.skipped["ignored"] += 1
+            continue
+        reason = _link_reason(root, Path(entry.path)) if is_link else None
+        if reason:
+            stats.skipped[reason] += 1
+            continue
+        source = _read(Path(entry.path), rel, cfg, stats)
+        if source is not None:
+            yield source
+
+
+def _utf8_name(rel: str) -> bool:
+    try:
+        rel.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _prune_reason(
+    entry: os.DirEntry[str], rel: str, scopes: list[_IgnoreScope], excluded: Path | None
+) -> str | None:
+    if entry.name in DENIED_DIRS:
+        return "denied"
+    if os.path.exists(os.path.join(entry.path, "pyvenv.cfg")):
+        return "denied"
+    if excluded is not None and Path(entry.path).resolve() == excluded:
+        return "index_dir"
+    if _ignored(rel, True, scopes):
+        return "ignored"
+    return None
+
+
+def _link_reason(root: Path, path: Path) -> str | None:
+    """Why a symlink is skipped, or ``None`` for a link to a regular file inside the root."""
+    try:
+        target = path.resolve(strict=True)
+    except (OSError, RuntimeError):
+        return "symlink_broken_or_loop"
+    if not target.is_relative_to(root):
+        return "symlink_outside_root"
+    if target.is_dir():
+        return "symlink_dir"
+    return None
+
+
+def _read(path: Path, rel: str, cfg: WalkConfig, stats: WalkStats) -> SourceFile | None:
+    try:
+        st = path.stat()
+        if not stat.S_ISREG(st.st_mode):
+            stats.skipped["not_regular"] += 1
+            return None
+        if st.st_size > cfg.max_file_bytes:
+            stats.skipped["too_large"] += 1
+            return None
+        with path.open("rb") as handle:
+            data = handle.read(cfg.max_file_bytes + 1)
+    except FileNotFoundError:
+        stats.skipped["vanished"] += 1
+        return None
+    except PermissionError:
+        stats.skipped["unreadable"] += 1
+        return None
+    except OSError:
+        stats.skipped["unreadable"] += 1
+        return None
+    if len(data) > cfg.max_file_bytes:
+        stats.skipped["too_large"] += 1
+        return None
+    if b"\0" in data[:_SNIFF_BYTES]:
+        stats.skipped["binary"] += 1
+        return None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        stats.skipped["invalid_utf8"] += 1
+        return None
+    if not text.strip():
+        stats.skipped["empty"] += 1
+        return None
+    return SourceFile(
+        path=rel,
+        language=detect_language(rel),
+        text=text,
+        size=len(data),
+        mtime_ns=st.st_mtime_ns,
+        content_hash=content_hash(data),
+    )

@@ -1,0 +1,295 @@
+"""The index on disk: a Lance ``chunks`` table through LanceDB, and a head file.
+
+Layout of an index directory::
+
+    HEAD.json        the committed state: table version, model, settings, stats
+    db/chunks.lance  every row ever committed, versioned by Lance
+    manifests/       one Arrow IPC file manifest per committed build
+    lock             advisory builder lock (see ``ssindex.lock``)
+
+A build commits to Lance as many times as it needs (rows, deletions, the
+full-text index), then replaces ``HEAD.json`` atomically. Readers open the
+table *at the version HEAD names*, so they see the previous build or the new
+one, never a mix, and never wait for a builder. A build that dies before
+replacing HEAD leaves it pointing at the old, intact version; the next build
+restores that version before writing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import xxhash
+
+from ssindex.errors import IndexCorrupt, IndexNotFound, IndexNotWritable
+
+FORMAT_VERSION = 1
+TABLE = "chunks"
+HEAD = "HEAD.json"
+
+CHUNK_SCHEMA = pa.schema([
+    ("id", pa.string()),
+    ("path", pa.string()),
+    ("language", pa.string()),
+    ("start_line", pa.int32()),
+    ("end_line", pa.int32()),
+    ("symbol", pa.string()),
+    ("kind", pa.string()),
+    ("text", pa.string()),
+    ("dup_of", pa.string()),
+    ("content_hash", pa.string()),
+    ("file_hash", pa.string()),
+    ("embed_key", pa.string()),
+    ("vec_codes", pa.binary()),
+    ("vec_scale", pa.float32()),
+    ("lex_body", pa.string()),
+    ("lex_name", pa.string()),
+    ("row_digest", pa.string()),
+])
+MANIFEST_SCHEMA = pa.schema([
+    ("path", pa.string()),
+    ("size", pa.int64()),
+    ("mtime_ns", pa.int64()),
+    ("content_hash", pa.string()),
+    ("chunk_ids", pa.list_(pa.string())),
+])
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so a reader sees the old file or the new, never a part."""
+    with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", delete=False) as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(f.name, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def row_digest(row: dict[str, Any]) -> str:
+    """Hash of every stored field but the digest itself: unchanged rows are not rewritten."""
+    digest = xxhash.xxh3_64()
+    for name in CHUNK_SCHEMA.names[:-1]:
+        value = row[name]
+        digest.update(value if isinstance(value, bytes) else repr(value).encode())
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class Head:
+    """The committed state of an index, as ``HEAD.json`` records it."""
+
+    data: dict[str, Any]
+
+    @property
+    def table_version(self) -> int:
+        return int(self.data["table_version"])
+
+    @property
+    def quantization(self) -> str:
+        return str(self.data["quantization"])
+
+    @property
+    def dim(self) -> int:
+        return int(self.data["model"]["dim"])
+
+
+class IndexDir:
+    """Paths and head of one index directory."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+
+    @property
+    def db_path(self) -> Path:
+        return self.path / "db"
+
+    def exists(self) -> bool:
+        return (self.path / HEAD).is_file()
+
+    def read_head(self) -> Head:
+        file = self.path / HEAD
+        if not file.is_file():
+            raise IndexNotFound(f"no index at {self.path} (run `ssindex build` first)")
+        try:
+            data = json.loads(file.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise IndexCorrupt(f"cannot read {file}: {exc}") from exc
+        if data.get("format_version") != FORMAT_VERSION:
+            raise IndexCorrupt(
+                f"index format {data.get('format_version')} at {self.path} is not supported "
+                f"(this ssindex reads format {FORMAT_VERSION}); rebuild it"
+            )
+        return Head(data)
+
+    def write_head(self, data: dict[str, Any]) -> None:
+        atomic_write_bytes(self.path / HEAD, json.dumps(data, indent=2).encode())
+
+    def ensure_writable(self) -> None:
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            (self.path / "manifests").mkdir(exist_ok=True)
+            probe = self.path / f".write-probe-{os.getpid()}"
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as exc:
+            raise IndexNotWritable(f"cannot write index directory {self.path}: {exc}") from exc
+
+    def connect(self) -> Any:
+        import lancedb
+
+        return lancedb.connect(str(self.db_path))
+
+    def open_table(self, version: int | None = None) -> Any:
+        """The chunks table, pinned at ``version`` (default: HEAD's)."""
+        if version is None:
+            version = self.read_head().table_version
+        try:
+            table = self.connect().open_table(TABLE)
+            table.checkout(version)
+        except Exception as exc:  # Lance raises plain ValueError/OSError variants
+            raise IndexCorrupt(f"cannot open {TABLE} v{version} in {self.path}: {exc}") from exc
+        return table
+
+    def write_manifest(self, name: str, table: pa.Table) -> str:
+        import pyarrow.ipc as ipc
+
+        sink = pa.BufferOutputStream()
+        with ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table)
+        atomic_write_bytes(self.path / "manifests" / name, sink.getvalue().to_pybytes())
+        return name
+
+    def read_manifest(self, name: str) -> pa.Table:
+        import pyarrow.ipc as ipc
+
+        with ipc.open_file(str(self.path / "manifests" / name)) as reader:
+            return reader.read_all()
+
+
+class TableWriter:
+    """Writes the rows of one build as a diff against the committed version."""
+
+    def __init__(self, index: IndexDir, previous: Head | None) -> None:
+        self.index = index
+        self.previous = previous
+        self.rows_written = 0
+        self.rows_deleted = 0
+
+    def write(self, batches: Iterable[pa.RecordBatch], previous_digests: dict[str, str]) -> int:
+        """Commit ``batches`` (all rows of the new build); returns the new table version."""
+        db = self.index.connect()
+        seen: set[str] = set()
+        changed = _changed_rows(batches, previous_digests, seen, self)
+        if self.previous is None or TABLE not in db.table_names():
+            table = db.create_table(TABLE, data=_reader(changed), schema=CHUNK_SCHEMA,
+                                    mode="overwrite")
+        else:
+            table = db.open_table(TABLE)
+            if table.version != self.previous.table_version:
+                table.checkout(self.previous.table_version)
+                table.restore()
+            pending = list(changed)
+            if pending:
+                (table.merge_insert("id").when_matched_update_all()
+                 .when_not_matched_insert_all().execute(pa.Table.from_batches(pending)))
+            gone = [row_id for row_id in previous_digests if row_id not in seen]
+            for start in range(0, len(gone), 5000):
+                ids = ", ".join(f"'{row_id}'" for row_id in gone[start : start + 5000])
+                table.delete(f"id IN ({ids})")
+            self.rows_deleted = len(gone)
+        _index_text(table)
+        return int(table.version)
+
+    def cleanup(self) -> None:
+        """Drop versions older than an hour; readers pinned to recent ones are safe."""
+        try:
+            self.index.connect().open_table(TABLE).cleanup_old_versions(
+                older_than=timedelta(hours=1), delete_unverified=False
+            )
+        except Exception:  # cleanup is best effort; the committed build is intact
+            pass
+
+
+def _changed_rows(
+    batches: Iterable[pa.RecordBatch], previous: dict[str, str], seen: set[str],
+    writer: TableWriter,
+) -> Iterator[pa.RecordBatch]:
+    for batch in batches:
+        ids = batch.column("id").to_pylist()
+        digests = batch.column("row_digest").to_pylist()
+        seen.update(ids)
+        keep = [previous.get(i) != d for i, d in zip(ids, digests, strict=True)]
+        if any(keep):
+            out = batch.filter(pa.array(keep)) if not all(keep) else batch
+            writer.rows_written += out.num_rows
+            yield out
+
+
+def _reader(batches: Iterator[pa.RecordBatch]) -> pa.RecordBatchReader:
+    return pa.RecordBatchReader.from_batches(CHUNK_SCHEMA, batches)
+
+
+def _index_text(table: Any) -> None:
+    """(Re)build the full-text indexes of the lexical leg over the analyzed columns."""
+    for column in ("lex_body", "lex_name"):
+        table.create_fts_index(
+            column, replace=True, base_tokenizer="whitespace", lower_case=True, stem=False,
+            remove_stop_words=False, ascii_folding=True, with_position=False,
+            max_token_length=None,
+        )
+
+
+def scan(table: Any, columns: list[str], where: str | None = None,
+         with_row_id: bool = False) -> pa.Table:
+    """Some columns of every row (matching ``where``) of a pinned table."""
+    query = table.search().select(columns)
+    if where:
+        query = query.where(where)
+    if with_row_id:
+        query = query.with_row_id(True)
+    return query.limit(None).to_arrow()
+
+
+def take(table: Any, row_ids: list[int], columns: list[str]) -> list[dict[str, Any]]:
+    """Rows by Lance row id, in the order asked."""
+    data = table.take_row_ids(row_ids).select(columns).with_row_id().to_arrow().to_pylist()
+    by_id = {row.pop("_rowid"): row for row in data}
+    return [by_id[row_id] for row_id in row_ids]
+
+
+def load_digests(index: IndexDir, head: Head | None) -> dict[str, str]:
+    if head is None:
+        return {}
+    data = scan(index.open_table(head.table_version), ["id", "row_digest"])
+    return dict(zip(data.column("id").to_pylist(), data.column("row_digest").to_pylist(),
+                    strict=True))
+
+
+def binary_matrix(column: pa.Array) -> np.ndarray:
+    """Equal-length binary values as one (rows, width) uint8 matrix, without copies per row."""
+    if len(column) == 0:
+        return np.zeros((0, 0), np.uint8)
+    offsets = np.frombuffer(column.buffers()[1], dtype=np.int32)[column.offset :][: len(column) + 1]
+    width = int(offsets[1] - offsets[0])
+    if not np.all(np.diff(offsets) == width):
+        raise IndexCorrupt("stored vectors have mixed sizes")
+    data = np.frombuffer(column.buffers()[2], dtype=np.uint8)[offsets[0] : offsets[-1]]
+    return data.reshape(len(column), width)
+
+
+def now_iso() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
