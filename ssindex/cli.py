@@ -127,6 +127,15 @@ def status(index: IndexOpt = None, as_json: JsonOpt = False) -> None:
 
 
 @app.command()
+def serve(index: IndexOpt = None, backend: BackendOpt = None) -> None:
+    """Serve an index to coding agents: an MCP server over stdio (needs ssindex[serve])."""
+    from ssindex.backends.selector import parse_overrides
+    from ssindex.serve import serve as run_server
+
+    run_server(_index_for(index), parse_overrides(backend or []).get("embed_query"))
+
+
+@app.command()
 def doctor(as_json: JsonOpt = False) -> None:
     """Hardware, runtimes, and the backend chosen for each phase (probed)."""
     from ssindex.doctor import diagnose

@@ -6,13 +6,17 @@ For each file, in four steps:
    files whose tree has syntax errors, go to the line-window chunker.
 2. Split: a node whose lines hold more non-whitespace characters than the
    budget is replaced by its children, recursively; a leaf that is still too
-   large is cut into line windows.
+   large is cut into line windows. A definition's header (the children
+   before its body) and comments are glued to what follows them, closing
+   brackets and continuation clauses (``else``, ``except``) to what precedes
+   them; simple statements up to four budgets stay whole.
 3. Tile: children become whole-line spans that cover the parent without gaps
    or overlaps. Gap lines (blank lines, comments) join the span below them,
    so a comment or decorator stays with the code it describes.
 4. Merge: adjacent sibling spans are merged greedily while the merged span
-   fits the budget. Only siblings merge, so a chunk never straddles two
-   unrelated subtrees.
+   fits the budget (a glued span always merges with its successor, so a
+   chunk never ends on a ``def`` line or a comment). Only siblings merge, so
+   a chunk never straddles two unrelated subtrees.
 
 Sizes are non-whitespace characters, so indentation does not eat the budget.
 A chunk is always whole lines; a single line longer than the budget is one
@@ -51,6 +55,21 @@ _DEFINITION_KINDS: dict[str, str] = {
     "type_declaration": "type", "type_alias_declaration": "type",
 }
 _CONTAINER_KINDS = frozenset({"class", "object", "interface", "trait", "struct", "impl", "enum"})
+_CLOSERS = frozenset({
+    "}", ")", "]", "end", "fi", "done", "esac",
+    # continuation clauses: starting a chunk at `else:` would cut a statement in two
+    "else_clause", "elif_clause", "except_clause", "except_group_clause", "finally_clause",
+    "catch_clause",
+})
+_BODY_FIELDS = ("body", "consequence", "definition")
+_ATOMIC_FACTOR = 4
+"""Simple statements, strings and comments up to this many budgets stay whole rather
+than be cut mid-statement (a big literal table, a long docstring)."""
+_SIMPLE_STATEMENTS = frozenset({
+    "expression_statement", "assignment", "augmented_assignment", "return_statement",
+    "lexical_declaration", "variable_declaration", "const_declaration", "var_declaration",
+    "short_var_declaration", "let_declaration", "field_declaration", "local_variable_declaration",
+})
 _NAME_TYPES = frozenset({
     "identifier", "type_identifier", "field_identifier", "property_identifier",
     "simple_identifier", "constant", "name", "qualified_identifier", "scoped_identifier",
@@ -75,6 +94,9 @@ class _Span:
     kind: str
     own: bool = False
     """The span is exactly one definition."""
+    attach: str = ""
+    """``next``: must merge with the span after it (a comment, a header above its
+    body); ``prev``: with the span before it (a closing bracket or ``end``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,21 +176,43 @@ def _rows(node: Any) -> tuple[int, int]:
 
 def _split(
     node: Any, ctx: tuple[str, str], depth: int, lines: _Lines, cfg: ChunkConfig,
-    is_root: bool = False,
+    reserve: int = 0, is_root: bool = False,
 ) -> list[_Span]:
+    """Spans of ``node``; the first one leaves ``reserve`` characters for a glued header."""
     start, end = _rows(node)
     end = min(end, len(lines.rows) - 1)
     definition = None if is_root else _definition(node, ctx)
     node_ctx = definition or ctx
-    if lines.size(start, end) <= cfg.max_chars:
+    size = lines.size(start, end)
+    if size <= cfg.max_chars - reserve:
         return [_Span(start, end, *node_ctx, own=definition is not None)]
     children = node.children
+    atomic = node.type in _SIMPLE_STATEMENTS or "string" in node.type or "comment" in node.type
+    if atomic and size <= _ATOMIC_FACTOR * cfg.max_chars:
+        return [_Span(start, end, *node_ctx)]
     if not children or depth >= cfg.max_depth:
         return _line_windows(lines, start, end, node_ctx, cfg.max_chars)
+    body = next((b for f in _BODY_FIELDS if (b := node.child_by_field_name(f)) is not None), None)
+    header = lines.size(start, body.start_point[0] - 1) if body is not None else 0
+    in_header = body is not None
     pieces: list[_Span] = []
-    for child in children:
-        pieces += _split(child, node_ctx, depth + 1, lines, cfg)
-    return _merge(_tile(pieces, start, end), lines, cfg.max_chars, node_ctx)
+    for index, child in enumerate(children):
+        if in_header and child.id == body.id:
+            in_header = False
+            child_reserve = reserve + header
+        else:
+            child_reserve = reserve if index == 0 and body is None else 0
+        parts = _split(child, node_ctx, depth + 1, lines, cfg, child_reserve)
+        if in_header or "comment" in child.type:
+            for part in parts:
+                part.attach = "next"
+        elif child.type in _CLOSERS and parts:
+            parts[0].attach = "prev"
+        pieces += parts
+    merged = _merge(_tile(pieces, start, end), lines, cfg.max_chars, node_ctx, reserve)
+    for span in merged:
+        span.attach = ""
+    return merged
 
 
 def _tile(pieces: list[_Span], start: int, end: int) -> list[_Span]:
@@ -186,12 +230,16 @@ def _tile(pieces: list[_Span], start: int, end: int) -> list[_Span]:
     return tiled
 
 
-def _merge(pieces: list[_Span], lines: _Lines, budget: int, ctx: tuple[str, str]) -> list[_Span]:
+def _merge(
+    pieces: list[_Span], lines: _Lines, budget: int, ctx: tuple[str, str], reserve: int = 0
+) -> list[_Span]:
     """Greedily merge adjacent sibling spans while the result fits the budget."""
     merged: list[_Span] = []
     group: list[_Span] = []
     for piece in pieces:
-        if group and lines.size(group[0].start, piece.end) > budget:
+        limit = budget - reserve if not merged else budget
+        glued = group and (group[-1].attach == "next" or piece.attach == "prev")
+        if group and not glued and lines.size(group[0].start, piece.end) > limit:
             merged.append(_join(group, ctx))
             group = []
         group.append(piece)
@@ -201,11 +249,14 @@ def _merge(pieces: list[_Span], lines: _Lines, budget: int, ctx: tuple[str, str]
 
 
 def _join(group: list[_Span], ctx: tuple[str, str]) -> _Span:
+    """One span for a merged group, named for the one symbol inside it (else the parent)."""
     if len(group) == 1:
         return group[0]
-    owners = [span for span in group if span.own]
-    symbol, kind = (owners[0].symbol, owners[0].kind) if len(owners) == 1 else ctx
-    return _Span(group[0].start, group[-1].end, symbol, kind)
+    inner = {(s.symbol, s.kind) for s in group if s.own or s.symbol != ctx[0]}
+    if len(inner) == 1:
+        symbol, kind = inner.pop()
+        return _Span(group[0].start, group[-1].end, symbol, kind, own=True)
+    return _Span(group[0].start, group[-1].end, *ctx)
 
 
 def _line_windows(
@@ -240,7 +291,9 @@ def _definition(node: Any, ctx: tuple[str, str]) -> tuple[str, str] | None:
 
 
 def _name(node: Any) -> str | None:
-    target = node.child_by_field_name("name") or node.child_by_field_name("type")
+    target = node.child_by_field_name("name")
+    if target is None and node.type == "impl_item":
+        target = node.child_by_field_name("type")
     declarator = node.child_by_field_name("declarator")
     while target is None and declarator is not None:
         if declarator.type in _NAME_TYPES:

@@ -84,11 +84,14 @@ def _load_scope(directory: Path, rel: str) -> _IgnoreScope | None:
 
 
 def _ignored(rel: str, is_dir: bool, scopes: list[_IgnoreScope]) -> bool:
+    """Git semantics: the deepest ignore file with a matching rule decides (``!`` re-includes)."""
+    ignored = False
     for scope in scopes:
         sub = rel[len(scope.base) + 1 :] if scope.base else rel
-        if scope.spec.match_file(sub + "/" if is_dir else sub):
-            return True
-    return False
+        verdict = scope.spec.check_file(sub + "/" if is_dir else sub).include
+        if verdict is not None:
+            ignored = verdict
+    return ignored
 
 
 def _walk_dir(

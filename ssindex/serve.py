@@ -1,0 +1,142 @@
+"""``ssindex serve``: an index as a Model Context Protocol server over stdio.
+
+One ``Searcher`` is opened and warmed before the first request, so every
+query pays only for itself. When a build commits a new ``HEAD.json`` the
+searcher is reopened (and warmed) on the next call, so a long-lived server
+never reads a version that a later build's cleanup may delete.
+
+stdout carries the protocol alone: while the index and model load, file
+descriptor 1 points at stderr, and tool calls run with ``sys.stdout`` on stderr.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from ssindex.errors import ConfigError, SsindexError
+from ssindex.search import Searcher
+from ssindex.store import FORMAT_VERSION, HEAD, IndexDir
+
+INSTRUCTIONS = (
+    "Code search over one indexed repository. `search` returns ranked chunks "
+    "(path, start_line, end_line, symbol, kind, score, text); `status` says what "
+    "the index holds and when it was built."
+)
+RESULT_FIELDS = ("path", "start_line", "end_line", "language", "symbol", "kind", "score", "text")
+
+
+def status_data(index_path: Path) -> dict[str, Any]:
+    """What ``ssindex status --json`` prints for ``index_path``."""
+    head = IndexDir(index_path).read_head().data
+    return {
+        "index": str(index_path), "files": head["files"], "chunks": head["chunks"],
+        "model": head["model"]["id"], "quantization": head["quantization"],
+        "index_version": FORMAT_VERSION, "table_version": head["table_version"],
+        "built_at": head["built_at"], "root": head["root"],
+    }
+
+
+class WarmSearcher:
+    """A warmed ``Searcher`` that follows the index's committed HEAD."""
+
+    def __init__(self, index_path: Path, backend: str | None = None) -> None:
+        self.index_path = index_path
+        self.backend = backend
+        self._lock = threading.Lock()
+        self._head_stamp = self._stamp()
+        self._searcher = self._open()
+
+    def search(self, query: str, k: int = 10, mode: str = "hybrid") -> dict[str, Any]:
+        with self._lock:
+            stamp = self._stamp()
+            if stamp != self._head_stamp:
+                self._searcher, self._head_stamp = self._open(), stamp
+            data = self._searcher.search(query, k=k, mode=mode).as_json()
+        if data.get("abstained"):
+            return {**data, "results": []}
+        data["results"] = [{key: hit.get(key) for key in RESULT_FIELDS}
+                           for hit in data["results"]]
+        return data
+
+    def _open(self) -> Searcher:
+        searcher = Searcher(self.index_path, self.backend)
+        searcher.search("warmup", k=1)
+        return searcher
+
+    def _stamp(self) -> tuple[int, int]:
+        try:
+            info = os.stat(self.index_path / HEAD)
+        except OSError:
+            return (0, 0)
+        return (info.st_mtime_ns, info.st_ino)
+
+
+@contextlib.contextmanager
+def stdout_to_stderr() -> Iterator[None]:
+    """Send everything written to stdout, by Python or native code, to stderr."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def _mcp_api() -> tuple[Any, type[Exception]]:
+    """The server class and ``ToolError``: ``MCPServer`` (mcp 2.x) or ``FastMCP`` (mcp 1.x)."""
+    for package, name in (("mcp.server.mcpserver", "MCPServer"), ("mcp.server.fastmcp", "FastMCP")):
+        try:
+            server = getattr(importlib.import_module(package), name)
+            tool_error = importlib.import_module(f"{package}.exceptions").ToolError
+        except ImportError:
+            continue
+        return server, tool_error
+    raise ConfigError("`ssindex serve` needs the mcp package: pip install 'ssindex[serve]'")
+
+
+def create_server(index_path: Path, backend: str | None = None) -> Any:
+    """The MCP server for ``index_path``, its searcher already open and warm."""
+    server_class, tool_error = _mcp_api()
+    searcher = WarmSearcher(index_path, backend)
+    server = server_class("ssindex", instructions=INSTRUCTIONS, log_level="WARNING")
+
+    @server.tool()
+    def search(query: str, k: int = 10, mode: str = "hybrid") -> dict[str, Any]:
+        """Search the code index; mode is hybrid, lexical or semantic.
+
+        Returns the query, mode and `results`: ranked chunks, best first, each with
+        path, start_line, end_line, language, symbol, kind, score and text.
+        """
+        try:
+            with contextlib.redirect_stdout(sys.stderr):
+                return searcher.search(query, k=k, mode=mode)
+        except SsindexError as exc:  # the agent's to read and correct, e.g. a bad mode
+            raise tool_error(str(exc)) from exc
+
+    @server.tool()
+    def status() -> dict[str, Any]:
+        """What the index holds (files, chunks, model) and when it was built."""
+        try:
+            return status_data(index_path)
+        except SsindexError as exc:
+            raise tool_error(str(exc)) from exc
+
+    return server
+
+
+def serve(index_path: Path, backend: str | None = None) -> None:
+    """Serve ``index_path`` over stdio until the client closes the connection."""
+    with stdout_to_stderr():
+        server = create_server(index_path, backend)
+    server.run("stdio")

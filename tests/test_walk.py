@@ -1,0 +1,101 @@
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from ssindex.config import WalkConfig
+from ssindex.errors import ConfigError
+from ssindex.stages.walk import WalkStats, walk
+
+
+def _walk(root: Path, **cfg: object) -> tuple[list[str], WalkStats]:
+    stats = WalkStats()
+    files = [f.path for f in walk(root, WalkConfig(**cfg), stats)]  # type: ignore[arg-type]
+    return files, stats
+
+
+def _write(root: Path, rel: str, data: str | bytes) -> Path:
+    path = root / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(data, bytes):
+        path.write_bytes(data)
+    else:
+        path.write_text(data)
+    return path
+
+
+def test_nested_gitignore_ssindexignore_and_deny_list(tmp_path: Path) -> None:
+    _write(tmp_path, ".gitignore", "*.log\n/generated/\n")
+    _write(tmp_path, "src/.gitignore", "secret.py\n!keep.log\n")
+    _write(tmp_path, ".ssindexignore", "docs/\n")
+    for rel in ["a.py", "b.log", "generated/x.py", "src/main.py", "src/secret.py",
+                "src/keep.log", "docs/guide.md", "node_modules/lib/index.js",
+                ".venv/lib/site.py", "build/out.py", "nested/generated/y.py"]:
+        _write(tmp_path, rel, "x = 1\n")
+    files, stats = _walk(tmp_path)
+    assert files == ["a.py", "nested/generated/y.py", "src/keep.log", "src/main.py"]
+    assert stats.skipped["ignored"] == 2  # b.log, src/secret.py
+    assert stats.dirs_pruned["denied"] == 3 and stats.dirs_pruned["ignored"] == 2
+
+
+def test_skips_are_counted_by_reason(tmp_path: Path) -> None:
+    _write(tmp_path, "ok.py", "print('hi')\n")
+    _write(tmp_path, "blob.bin", b"\x89PNG\x00\x00binary")
+    _write(tmp_path, "latin1.py", "caf\xe9 = 1\n".encode("latin-1"))
+    _write(tmp_path, "big.js", "x" * 2000)
+    _write(tmp_path, "empty.py", "\n\n")
+    files, stats = _walk(tmp_path, max_file_bytes=1000)
+    assert files == ["ok.py"]
+    assert stats.skipped == {"binary": 1, "invalid_utf8": 1, "too_large": 1, "empty": 1}
+    assert stats.files_seen == 5
+
+
+def test_symlinks_outside_root_loops_and_dirs(tmp_path: Path) -> None:
+    root = tmp_path / "repo"
+    _write(root, "real.py", "a = 1\n")
+    _write(tmp_path, "outside.py", "secret = 1\n")
+    (root / "out.py").symlink_to(tmp_path / "outside.py")
+    (root / "loop.py").symlink_to(root / "loop.py")
+    (root / "alias.py").symlink_to(root / "real.py")
+    (root / "dirlink").symlink_to(root)
+    files, stats = _walk(root)
+    assert files == ["alias.py", "real.py"]
+    assert stats.skipped["symlink_outside_root"] == 1
+    assert stats.skipped["symlink_broken_or_loop"] == 1
+    assert stats.skipped["symlink_dir"] == 1
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads files regardless of permissions")
+def test_unreadable_file_is_skipped(tmp_path: Path) -> None:
+    path = _write(tmp_path, "locked.py", "x = 1\n")
+    path.chmod(0)
+    files, stats = _walk(tmp_path)
+    assert files == [] and stats.skipped["unreadable"] == 1
+
+
+def test_non_utf8_file_name_is_skipped(tmp_path: Path) -> None:
+    name = os.fsencode(tmp_path) + b"/bad\xff.py"
+    with open(name, "wb") as handle:
+        handle.write(b"x = 1\n")
+    _write(tmp_path, "good.py", "x = 1\n")
+    files, stats = _walk(tmp_path)
+    assert files == ["good.py"] and stats.skipped["non_utf8_name"] == 1
+
+
+def test_empty_repository_and_bad_roots(tmp_path: Path) -> None:
+    assert _walk(tmp_path)[0] == []
+    file = _write(tmp_path, "f.py", "x = 1\n")
+    with pytest.raises(ConfigError, match="not a directory"):
+        _walk(file)
+    with pytest.raises(ConfigError, match="does not exist"):
+        _walk(tmp_path / "missing")
+
+
+def test_index_dir_is_never_walked(tmp_path: Path) -> None:
+    _write(tmp_path, "a.py", "x = 1\n")
+    _write(tmp_path, "idx/data.py", "y = 2\n")
+    stats = WalkStats()
+    files = [f.path for f in walk(tmp_path, WalkConfig(), stats, exclude=tmp_path / "idx")]
+    assert files == ["a.py"] and stats.dirs_pruned["index_dir"] == 1
