@@ -9,10 +9,10 @@ import os
 
 os.environ.setdefault("LANCE_LOG", "error")
 
-from ssindex.config import BuildConfig, load_config  # noqa: E402
-from ssindex.errors import SsindexError  # noqa: E402
-from ssindex.pipeline.build import build  # noqa: E402
-from ssindex.search import Searcher, SearchResponse  # noqa: E402
+from ssindex.config import BuildConfig, load_config
+from ssindex.errors import SsindexError
+from ssindex.pipeline.build import build
+from ssindex.search import Searcher, SearchResponse
 
 __all__ = ["BuildConfig", "SearchResponse", "Searcher", "SsindexError", "build", "load_config"]
 __version__ = "0.1.0"

@@ -84,8 +84,8 @@ def _section(cls: type, values: dict[str, Any], name: str) -> Any:
         default = getattr(cls(), key)
         if isinstance(default, tuple):
             value = tuple(value)
-        elif isinstance(default, bool) or not isinstance(value, type(default)):
-            if not (isinstance(default, float) and isinstance(value, int)):
+        elif (isinstance(default, bool) or not isinstance(value, type(default))) and not (
+                isinstance(default, float) and isinstance(value, int)):
                 raise ConfigError(
                     f"[{name}] {key} must be {type(default).__name__}, got {value!r}"
                 )

@@ -44,9 +44,9 @@ class BuildLock:
                 f"another build (pid {holder}) is writing {self.path.parent}; wait for it"
             ) from exc
         previous = os.pread(fd, 32, 0).decode(errors="replace").strip()
-        if previous.isdigit() and int(previous) != os.getpid() and not _alive(int(previous)):
-            if self._warn is not None:
-                self._warn(f"broke stale lock of dead build (pid {previous}); resuming")
+        stale = previous.isdigit() and int(previous) != os.getpid() and not _alive(int(previous))
+        if stale and self._warn is not None:
+            self._warn(f"broke stale lock of dead build (pid {previous}); resuming")
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
         self._fd = fd

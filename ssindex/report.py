@@ -12,7 +12,12 @@ from typing import Any
 
 from rich.console import Console
 from rich.progress import (
-    BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn,
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
     TimeRemainingColumn,
 )
 from rich.table import Table
@@ -68,8 +73,9 @@ class PlainProgress:
     def __enter__(self) -> PlainProgress:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        self._line()
+    def __exit__(self, kind: type[BaseException] | None, *exc: Any) -> None:
+        if kind is None:
+            self._line()
 
     def advance(self, stage: str, amount: int = 1) -> None:
         if stage in self._counts:

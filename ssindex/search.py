@@ -19,20 +19,14 @@ from ssindex.backends.model import ModelSpec
 from ssindex.backends.selector import Selection, select
 from ssindex.config import SEARCH_MODES
 from ssindex.errors import ConfigError, IndexCorrupt
+from ssindex.fusion import Hit, fuse, lexical_weight
 from ssindex.lexical import analyze
 from ssindex.stages.quantize import dequantize_matrix
 from ssindex.store import IndexDir, binary_matrix, scan, take
 
-RRF_K = 60
 CANDIDATES = 100
 """Depth of each leg's ranking before fusion."""
 _META = ["path", "start_line", "end_line", "language", "symbol", "kind"]
-
-
-@dataclass
-class Hit:
-    row_id: int
-    score: float
 
 
 @dataclass
@@ -51,14 +45,6 @@ class SearchResponse:
         return data
 
 
-def reciprocal_rank_fusion(rankings: list[list[Hit]], k: int = RRF_K) -> list[Hit]:
-    scores: dict[int, float] = {}
-    for ranking in rankings:
-        for rank, hit in enumerate(ranking):
-            scores[hit.row_id] = scores.get(hit.row_id, 0.0) + 1.0 / (k + rank + 1)
-    return [Hit(row, score) for row, score in sorted(scores.items(), key=lambda x: -x[1])]
-
-
 class Searcher:
     """Queries one committed version of an index."""
 
@@ -74,12 +60,13 @@ class Searcher:
 
     # -- the legs -------------------------------------------------------------------------
     def lexical(self, query: str, limit: int = CANDIDATES) -> list[Hit]:
-        from lancedb.query import MultiMatchQuery
+        from lancedb.query import FullTextOperator, MultiMatchQuery
 
         terms = analyze(query)
         if not terms:
             return []
-        fts = MultiMatchQuery(terms, ["lex_body", "lex_name"], boosts=[1.0, 2.0])
+        fts = MultiMatchQuery(terms, ["lex_body", "lex_name"], boosts=[1.0, 2.0],
+                              operator=FullTextOperator.OR)
         try:
             data = (self.table.search(fts, query_type="fts").select([]).with_row_id(True)
                     .limit(limit).to_arrow())
@@ -113,8 +100,8 @@ class Searcher:
         elif mode == "semantic":
             hits = self.semantic(query, k)
         else:
-            hits = reciprocal_rank_fusion([self.semantic(query, depth),
-                                           self.lexical(query, depth)])
+            hits = fuse(self.semantic(query, depth), self.lexical(query, depth),
+                        lexical_weight(query))
         ranked = self._fetch(hits[:k])
         elapsed = {"total": round((time.perf_counter() - started) * 1000, 2)}
         backend = self._selection.as_json() if self._selection is not None else None

@@ -6,7 +6,7 @@ searcher is reopened (and warmed) on the next call, so a long-lived server
 never reads a version that a later build's cleanup may delete.
 
 stdout carries the protocol alone: while the index and model load, file
-descriptor 1 points at stderr, and tool calls run with ``sys.stdout`` on stderr.
+descriptor 1 points at stderr, and searches run with ``sys.stdout`` on stderr.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ class WarmSearcher:
         self._searcher = self._open()
 
     def search(self, query: str, k: int = 10, mode: str = "hybrid") -> dict[str, Any]:
-        with self._lock:
+        with self._lock, contextlib.redirect_stdout(sys.stderr):
             stamp = self._stamp()
             if stamp != self._head_stamp:
                 self._searcher, self._head_stamp = self._open(), stamp
@@ -119,8 +119,7 @@ def create_server(index_path: Path, backend: str | None = None) -> Any:
         path, start_line, end_line, language, symbol, kind, score and text.
         """
         try:
-            with contextlib.redirect_stdout(sys.stderr):
-                return searcher.search(query, k=k, mode=mode)
+            return searcher.search(query, k=k, mode=mode)
         except SsindexError as exc:  # the agent's to read and correct, e.g. a bad mode
             raise tool_error(str(exc)) from exc
 

@@ -17,6 +17,7 @@ restores that version before writing.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
@@ -216,12 +217,10 @@ class TableWriter:
 
     def cleanup(self) -> None:
         """Drop versions older than an hour; readers pinned to recent ones are safe."""
-        try:
+        with contextlib.suppress(Exception):  # best effort; the committed build is intact
             self.index.connect().open_table(TABLE).cleanup_old_versions(
                 older_than=timedelta(hours=1), delete_unverified=False
             )
-        except Exception:  # cleanup is best effort; the committed build is intact
-            pass
 
 
 def _changed_rows(

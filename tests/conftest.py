@@ -25,7 +25,8 @@ def _isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
     os.environ["SSINDEX_CONFIG_DIR"] = str(base / "config")
 
 
-def run_cli(*args: str, check: bool = True, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def run_cli(*args: str, check: bool = True, cwd: Path | None = None,
+            ) -> subprocess.CompletedProcess[str]:
     """Run the installed ``ssindex`` console script."""
     result = subprocess.run([CLI, *args], capture_output=True, text=True, cwd=cwd, timeout=1800,
                             env={**os.environ, "COLUMNS": "200"})

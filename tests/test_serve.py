@@ -15,10 +15,10 @@ import pytest
 
 pytest.importorskip("mcp")
 
-from mcp import ClientSession, StdioServerParameters  # noqa: E402
-from mcp.client.stdio import stdio_client  # noqa: E402
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
 
-from ssindex import build  # noqa: E402
+from ssindex import build
 
 CLI = str(Path(sys.executable).with_name("ssindex"))
 FILES = {
@@ -58,13 +58,13 @@ async def _session_calls(index: Path, log: Path) -> dict[str, Any]:
                 ClientSession(read, write) as session:
             await session.initialize()
             out["tools"] = [_dump(tool) for tool in (await session.list_tools()).tools]
-            for name, args in [
-                ("search", {"query": "parse a JSON configuration file", "k": 3}),
-                ("lexical", {"query": "EchoServer serve_forever", "mode": "lexical"}),
-                ("status", {}),
-                ("bad_mode", {"query": "x", "mode": "nonsense"}),
-            ]:
-                tool = "status" if name == "status" else "search"
+            calls: dict[str, tuple[str, dict[str, Any]]] = {
+                "search": ("search", {"query": "parse a JSON configuration file", "k": 3}),
+                "lexical": ("search", {"query": "EchoServer serve_forever", "mode": "lexical"}),
+                "status": ("status", {}),
+                "bad_mode": ("search", {"query": "x", "mode": "nonsense"}),
+            }
+            for name, (tool, args) in calls.items():
                 out[name] = _dump(await session.call_tool(tool, args))
     return out
 
@@ -84,7 +84,7 @@ def test_serve_through_mcp_client(index: Path, tmp_path: Path) -> None:
 
     hits = _payload(calls["search"])["results"]
     assert 1 <= len(hits) <= 3
-    assert all(FIELDS <= set(hit) for hit in hits)
+    assert all(set(hit) >= FIELDS for hit in hits)
     assert hits[0]["path"] == "config_loader.py"
     assert "load_settings" in hits[0]["text"]
     assert [hit["score"] for hit in hits] == sorted((hit["score"] for hit in hits), reverse=True)
@@ -117,7 +117,7 @@ def test_stdout_carries_only_the_protocol(index: Path) -> None:
     try:
         proc.stdin.write("".join(json.dumps(m) + "\n" for m in messages))
         proc.stdin.flush()
-        replies = []
+        replies: list[dict[str, Any]] = []
         while not any(reply.get("id") == 2 for reply in replies):
             line = proc.stdout.readline()
             assert line, "server closed stdout before answering"

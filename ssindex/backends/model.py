@@ -92,13 +92,14 @@ class ModelSpec:
         from tokenizers import Tokenizer
 
         file = self.path / "tokenizer.json"
+        tokenizer: Any
         if file.is_file():
             tokenizer = Tokenizer.from_file(str(file))
         else:
             from transformers import AutoTokenizer
 
-            tokenizer = AutoTokenizer.from_pretrained(self.path, local_files_only=True)
-            tokenizer = tokenizer.backend_tokenizer
+            slow_or_fast: Any = AutoTokenizer.from_pretrained(self.path, local_files_only=True)
+            tokenizer = slow_or_fast.backend_tokenizer
         tokenizer.no_padding()
         tokenizer.enable_truncation(max_length=min(max_tokens, self.max_positions))
         return tokenizer

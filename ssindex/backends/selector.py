@@ -99,9 +99,10 @@ def candidates(phase: str, inventory: Inventory,
         order.append((cpu[0], f"single queries on torch CPU, {cpu[1]}"))
     else:
         raise ConfigError(f"unknown phase {phase!r} (phases: {', '.join(PHASES)})")
-    winner = (calibrated or {}).get(phase, {}).get("backend")
+    calibration = (calibrated or {}).get(phase, {})
+    winner = calibration.get("backend")
     if winner:
-        order = [(winner, f"calibrated winner on this machine ({calibrated[phase].get('figure')})"),
+        order = [(winner, f"calibrated winner on this machine ({calibration.get('figure')})"),
                  *[c for c in order if c[0] != winner]]
     return order
 

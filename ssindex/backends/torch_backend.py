@@ -47,7 +47,8 @@ class TorchBackend:
 
         self.device = device
         self.dtype = precision
-        self.name = f"torch-{device.split(':')[0]}" + ("" if precision == "fp32" else f"-{precision}")
+        suffix = "" if precision == "fp32" else f"-{precision}"
+        self.name = f"torch-{device.split(':')[0]}{suffix}"
         self._pooling = model.pooling
         self._autocast = precision == "bf16"
         weights_dtype = torch.float16 if precision == "fp16" else None

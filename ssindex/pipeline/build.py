@@ -15,7 +15,7 @@ import xxhash
 from ssindex.backends.base import Encoder
 from ssindex.backends.model import ModelSpec
 from ssindex.backends.selector import select
-from ssindex.config import BuildConfig, settings_fingerprint_fields
+from ssindex.config import BuildConfig, Quantization, settings_fingerprint_fields
 from ssindex.errors import IndexCorrupt
 from ssindex.lock import BuildLock
 from ssindex.pipeline.dag import STAGES, BuildPlan
@@ -24,8 +24,15 @@ from ssindex.pipeline.progress import Progress, SilentProgress
 from ssindex.stages.quantize import bytes_per_vector, dequantize_matrix
 from ssindex.stages.walk import check_root
 from ssindex.store import (
-    FORMAT_VERSION, MANIFEST_SCHEMA, Head, IndexDir, TableWriter, binary_matrix, load_digests,
-    now_iso, scan,
+    FORMAT_VERSION,
+    MANIFEST_SCHEMA,
+    Head,
+    IndexDir,
+    TableWriter,
+    binary_matrix,
+    load_digests,
+    now_iso,
+    scan,
 )
 
 
@@ -38,7 +45,7 @@ def settings_fingerprint(cfg: BuildConfig, model: ModelSpec) -> str:
     return xxhash.xxh3_64_hexdigest(repr(sorted(fields.items())).encode())
 
 
-def _reuse_from(index: IndexDir, head: Head | None, quantization: str,
+def _reuse_from(index: IndexDir, head: Head | None, quantization: Quantization,
                 ) -> Callable[[list[str]], dict[str, np.ndarray]] | None:
     """Vectors of the committed index by embed key, when stored at this quantization."""
     if head is None or head.quantization != quantization:

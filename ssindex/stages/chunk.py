@@ -117,7 +117,9 @@ class _Lines:
         return self.prefix[end + 1] - self.prefix[start]
 
 
-def chunk(files: Iterable[SourceFile], cfg: ChunkConfig, stats: ChunkStats) -> Iterator[list[Chunk]]:
+def chunk(
+    files: Iterable[SourceFile], cfg: ChunkConfig, stats: ChunkStats
+) -> Iterator[list[Chunk]]:
     """Yield the chunks of each file, one list per file, in input order."""
     for source in files:
         chunks, chunker = chunk_file(source, cfg)
@@ -197,7 +199,7 @@ def _split(
     in_header = body is not None
     pieces: list[_Span] = []
     for index, child in enumerate(children):
-        if in_header and child.id == body.id:
+        if body is not None and in_header and child.id == body.id:
             in_header = False
             child_reserve = reserve + header
         else:

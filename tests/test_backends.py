@@ -1,0 +1,143 @@
+"""Backends: parity of everything that runs here, selection over simulated machines."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ssindex.backends.base import Encoder
+from ssindex.backends.inventory import Inventory, detect
+from ssindex.backends.model import ModelSpec
+from ssindex.backends.selector import candidates, create, parse_overrides, select
+from ssindex.config import ChunkConfig
+from ssindex.errors import BackendUnavailable, ConfigError
+from ssindex.rows import SourceFile
+from ssindex.stages.chunk import chunk_file
+from ssindex.stages.embed import embedding_text
+from ssindex.stages.walk import content_hash
+
+from .conftest import STDLIB, cli_json, run_cli
+
+
+@pytest.fixture(scope="module")
+def model() -> ModelSpec:
+    return ModelSpec.resolve(None)
+
+
+@pytest.fixture(scope="module")
+def texts() -> list[str]:
+    text = (STDLIB / "json" / "decoder.py").read_text()
+    source = SourceFile("json/decoder.py", "python", text, len(text), 0,
+                        content_hash(text.encode()))
+    chunks, _ = chunk_file(source, ChunkConfig())
+    return [embedding_text(c) for c in chunks[:12]] + ["decode json from a string"]
+
+
+@pytest.fixture(scope="module")
+def reference(model: ModelSpec, texts: list[str]) -> np.ndarray:
+    return Encoder(create("torch-cpu-fp32", model, detect()), model, 256).encode(texts)
+
+
+@pytest.mark.parametrize("name", ["torch-cpu-bf16", "onnx-cpu"])
+def test_backend_parity_with_fp32(name: str, model: ModelSpec, texts: list[str],
+                                  reference: np.ndarray) -> None:
+    vectors = Encoder(create(name, model, detect()), model, 256).encode(texts)
+    cosines = (vectors * reference).sum(axis=1)
+    assert cosines.min() >= 0.999, cosines.min()
+    assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+
+
+def test_reference_matches_sentence_transformers(model: ModelSpec, texts: list[str],
+                                                 reference: np.ndarray) -> None:
+    sentence_transformers = pytest.importorskip("sentence_transformers")
+    st = sentence_transformers.SentenceTransformer(str(model.path), device="cpu")
+    expected = st.encode(texts, normalize_embeddings=True)
+    assert (expected * reference).sum(axis=1).min() >= 0.9999
+
+
+def _machine(**kw: object) -> Inventory:
+    base: dict[str, object] = {"system": "Linux", "machine": "x86_64", "cpu_model": "test",
+                               "cpu_count": 8}
+    return Inventory(**(base | kw))  # type: ignore[arg-type]
+
+
+def test_selection_over_simulated_inventories() -> None:
+    gpu = _machine(cuda_devices=({"name": "NVIDIA H200", "memory_gib": 139.8},))
+    assert candidates("embed_bulk", gpu)[0][0] == "torch-cuda"
+    assert candidates("embed_query", gpu)[0][0] == "onnx-cuda"
+    mac = _machine(system="Darwin", machine="arm64", mps=True, neural_engine=True)
+    assert candidates("embed_bulk", mac)[0][0] == "torch-mps"
+    assert candidates("embed_query", mac)[0][0] == "onnx-coreml"
+    amx = _machine(cpu_flags=frozenset({"amx_bf16", "avx512f"}))
+    assert "bf16" in candidates("embed_bulk", amx)[0][1]
+    plain = _machine(cpu_flags=frozenset({"avx2"}))
+    assert [c[0] for c in candidates("embed_bulk", plain)] == ["torch-cpu"]
+    assert "fp32" in candidates("embed_bulk", plain)[0][1]
+    assert [c[0] for c in candidates("embed_query", plain)] == ["onnx-cpu", "torch-cpu"]
+    calibrated = {"embed_query": {"backend": "torch-cpu", "figure": "2.0 ms"}}
+    assert candidates("embed_query", plain, calibrated)[0][0] == "torch-cpu"
+
+
+def test_auto_falls_back_visibly_when_first_choice_fails(model: ModelSpec) -> None:
+    """A machine that claims a GPU it does not have: the probe fails, CPU takes over."""
+    liar = _machine(cuda_devices=({"name": "phantom", "memory_gib": 1.0},),
+                    runtimes=detect().runtimes)
+    warnings: list[str] = []
+    selection = select("embed_bulk", model, inventory=liar, warn=warnings.append)
+    assert selection.name.startswith("torch-cpu")
+    assert selection.fallback_reason and "torch-cuda" in selection.fallback_reason
+    assert warnings and "falling back" in warnings[0]
+
+
+def test_explicit_unavailable_backend_raises(model: ModelSpec) -> None:
+    with pytest.raises(BackendUnavailable, match="torch-cuda"):
+        select("embed_bulk", model, "torch-cuda", inventory=_machine())
+    with pytest.raises(ConfigError):
+        parse_overrides(["embed_bulk=warp-drive"])
+    with pytest.raises(ConfigError):
+        parse_overrides(["index=torch-cpu"])
+
+
+def test_cli_explicit_cuda_fails_cleanly(tmp_path: Path) -> None:
+    (tmp_path / "a.py").write_text("def f():\n    return 1\n")
+    result = run_cli("build", str(tmp_path), "--backend", "embed_bulk=torch-cuda", check=False)
+    assert result.returncode != 0
+    assert "torch-cuda" in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_doctor_names_backend_and_reason_per_phase() -> None:
+    report = cli_json("doctor")
+    for phase in ("embed_bulk", "embed_query"):
+        assert report["phases"][phase]["backend"] and report["phases"][phase]["reason"]
+    assert report["phases"]["embed_query"]["backend"] == "onnx-cpu"
+    assert report["hardware"]["cpu_count"] >= 1
+
+
+def test_coreml_conversion_runs_on_any_platform(model: ModelSpec, tmp_path: Path) -> None:
+    pytest.importorskip("coremltools", reason="the coreml extra is not installed")
+    from ssindex.backends.coreml_backend import convert_coreml
+
+    assert convert_coreml(model, tmp_path / "m.mlpackage").exists()
+
+
+def test_onnx_and_torch_bulk_builds_rank_alike(tmp_path: Path) -> None:
+    import shutil
+
+    queries = ["decode json from a string", "encode a python object as json",
+               "scan a json string literal", "JSONDecodeError", "make_scanner"]
+    tops = []
+    for backend in ("torch-cpu", "onnx-cpu"):
+        root = tmp_path / backend
+        shutil.copytree(STDLIB / "json", root / "json", ignore=shutil.ignore_patterns("__py*"))
+        stats = cli_json("build", str(root), "--no-progress", "--backend",
+                         f"embed_bulk={backend}")
+        assert stats["backends"]["embed_bulk"]["backend"] == backend
+        tops.append([[(h["path"], h["start_line"]) for h in cli_json(
+            "search", q, "--index", str(root / ".ssindex"), "-k", "5")["results"]]
+            for q in queries])
+        response = cli_json("search", queries[0], "--index", str(root / ".ssindex"))
+        assert response["backend"]["backend"] == "onnx-cpu"
+    assert tops[0] == tops[1]

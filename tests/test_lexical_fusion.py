@@ -1,0 +1,39 @@
+from __future__ import annotations
+
+from ssindex.fusion import (
+    LEXICAL_WEIGHT_IDENTIFIER,
+    LEXICAL_WEIGHT_NATURAL,
+    Hit,
+    fuse,
+    lexical_weight,
+    reciprocal_rank_fusion,
+)
+from ssindex.lexical import analyze, terms
+
+
+def test_identifiers_are_split_and_kept_whole() -> None:
+    assert terms("parseEmailAddress") == ["parseemailaddress", "parse", "email", "address"]
+    assert terms("HTTPServer") == ["httpserver", "http", "server"]
+    assert terms("parse_addr()") == ["parse_addr", "parse", "addr"]
+    assert analyze("Decode JSON") == "decode json"
+    assert "x" * 41 not in terms("x" * 41)
+
+
+def test_query_weights_follow_query_shape() -> None:
+    assert lexical_weight("parse_addr") == LEXICAL_WEIGHT_IDENTIFIER
+    assert lexical_weight("HTTPServer.serve_forever") == LEXICAL_WEIGHT_IDENTIFIER
+    assert lexical_weight("how to read a file line by line") == LEXICAL_WEIGHT_NATURAL
+
+
+def test_fusion_keeps_a_confident_dense_hit_first() -> None:
+    dense = [Hit(1, 0.66), Hit(3, 0.54), Hit(2, 0.50), Hit(4, 0.35)]
+    lexical = [Hit(3, 26.0), Hit(2, 22.0)] + [Hit(10 + i, 20.0 - i) for i in range(20)] + [
+        Hit(1, 5.0)]
+    assert reciprocal_rank_fusion([dense, lexical])[0].row_id != 1
+    assert fuse(dense, lexical, LEXICAL_WEIGHT_NATURAL)[0].row_id == 1
+
+
+def test_degenerate_leg_falls_back_to_rrf() -> None:
+    dense = [Hit(1, 0.5), Hit(2, 0.4)]
+    flat = [Hit(2, 1.0), Hit(3, 1.0)]
+    assert [h.row_id for h in fuse(dense, flat, 0.5)] == [2, 1, 3]

@@ -1,0 +1,34 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ssindex.stages.quantize import bytes_per_vector, dequantize_matrix, quantize_matrix
+
+
+@pytest.mark.parametrize(("method", "min_cosine"), [("none", 0.999999), ("int8", 0.999),
+                                                    ("int4", 0.95)])
+def test_roundtrip_preserves_direction(method: str, min_cosine: float) -> None:
+    rng = np.random.default_rng(0)
+    vectors = rng.normal(size=(200, 383)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    codes, scales = quantize_matrix(vectors, method)  # type: ignore[arg-type]
+    assert codes.dtype == np.uint8
+    assert codes.shape[1] + (0 if method == "none" else 4) == bytes_per_vector(method, 383)  # type: ignore[arg-type]
+    restored = dequantize_matrix(codes, scales, method, 383)  # type: ignore[arg-type]
+    cosines = (restored * vectors).sum(1) / np.linalg.norm(restored, axis=1)
+    assert cosines.min() >= min_cosine
+
+
+def test_requantizing_dequantized_codes_is_exact() -> None:
+    rng = np.random.default_rng(1)
+    vectors = rng.normal(size=(50, 384)).astype(np.float32)
+    for method in ("int8", "int4"):
+        codes, scales = quantize_matrix(vectors, method)  # type: ignore[arg-type]
+        again = quantize_matrix(dequantize_matrix(codes, scales, method, 384), method)  # type: ignore[arg-type]
+        assert np.array_equal(again[0], codes) and np.allclose(again[1], scales)
+
+
+def test_zero_vector_does_not_divide_by_zero() -> None:
+    codes, scales = quantize_matrix(np.zeros((1, 8), np.float32), "int8")
+    assert np.all(np.isfinite(dequantize_matrix(codes, scales, "int8", 8)))
