@@ -1,38 +1,40 @@
 """Identifier-aware analysis for the lexical (BM25) leg.
 
-Lance FTS tokenizers stem English and drop stop words, and none splits
-``camelCase``: poor for code. So ssindex analyzes text itself and indexes the
-result with Lance's plain whitespace tokenizer (no stemming, no stop words).
-An identifier yields itself, lower-cased, plus its parts:
-``parseEmailAddress`` → ``parseemailaddress parse email address`` and
-``parse_email`` → ``parse_email parse email``. Queries go through the same
+Lance FTS tokenizers stem English and drop stop words, and none that the
+Python API exposes splits ``camelCase``: poor for code. So ssindex analyzes
+text itself and indexes the result with Lance's plain whitespace tokenizer
+(no stemming, no stop words). An identifier yields itself, lower-cased, plus
+its parts: ``parseEmailAddress`` → ``parseemailaddress parse email address``
+and ``parse_email`` → ``parse_email parse email``. Queries go through the same
 analysis, so ``parseaddr``, ``parse addr`` and ``parse_addr`` all match.
 """
 
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|[0-9]+")
 _PARTS = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|[0-9]+")
 MAX_TOKEN_CHARS = 40
 
 
-def terms(text: str) -> list[str]:
-    """Index terms of ``text``: identifiers and their camel/snake parts, lower-cased."""
-    out: list[str] = []
-    for match in _IDENTIFIER.finditer(text):
-        word = match.group()
-        whole = word.strip("_").lower()
-        if not whole or len(whole) > MAX_TOKEN_CHARS:
-            continue
-        out.append(whole)
-        parts = _PARTS.findall(word)
-        if len(parts) > 1:
-            out.extend(part.lower() for part in parts)
-    return out
+@lru_cache(maxsize=262_144)
+def _expand(word: str) -> str:
+    """One identifier's terms, space-joined (cached: code repeats its identifiers)."""
+    whole = word.strip("_").lower()
+    if not whole or len(whole) > MAX_TOKEN_CHARS:
+        return ""
+    parts = _PARTS.findall(word)
+    if len(parts) > 1:
+        return " ".join([whole, *(part.lower() for part in parts)])
+    return whole
 
 
 def analyze(text: str) -> str:
-    """``terms`` joined by spaces: the text Lance's whitespace tokenizer indexes."""
-    return " ".join(terms(text))
+    """Index terms of ``text``: identifiers and their camel/snake parts, lower-cased."""
+    return " ".join(filter(None, map(_expand, _IDENTIFIER.findall(text))))
+
+
+def terms(text: str) -> list[str]:
+    return analyze(text).split()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -44,6 +45,10 @@ class IndexedChunk:
     """A chunk on its way to the store: dedupe verdict, then vector."""
 
     chunk: Chunk
+    stored: dict[str, Any] | None = None
+    """The chunk's row in the previous index, when its file is unchanged."""
+    signature: bytes | None = None
+    """MinHash signature (uint32 values); ``None`` for chunks too short to compare."""
     dup_of: str | None = None
     vector: np.ndarray | None = None
     """float32 unit vector, or ``None`` until embedded (or copied from ``dup_of``)."""

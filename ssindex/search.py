@@ -16,6 +16,7 @@ import numpy as np
 
 from ssindex.backends.base import Encoder
 from ssindex.backends.model import ModelSpec
+from ssindex.backends.inventory import detect
 from ssindex.backends.selector import Selection, select
 from ssindex.config import SEARCH_MODES
 from ssindex.errors import ConfigError, IndexCorrupt
@@ -115,7 +116,8 @@ class Searcher:
                 raise IndexCorrupt(
                     f"the model at {model.path} changed since the index was built; rebuild"
                 )
-            self._selection = select("embed_query", model, self._backend_choice)
+            self._selection = select("embed_query", model, self._backend_choice,
+                                     inventory=detect(with_torch=False))
             self._encoder = Encoder(self._selection.backend, model,
                                     int(self.head.data["model"]["max_tokens"]))
         return self._encoder

@@ -51,6 +51,7 @@ CHUNK_SCHEMA = pa.schema([
     ("content_hash", pa.string()),
     ("file_hash", pa.string()),
     ("embed_key", pa.string()),
+    ("minhash", pa.binary()),
     ("vec_codes", pa.binary()),
     ("vec_scale", pa.float32()),
     ("lex_body", pa.string()),
@@ -182,7 +183,7 @@ class IndexDir:
 
 
 class TableWriter:
-    """Writes the rows of one build as a diff against the committed version."""
+    """Commits the rows of one build as a diff against the committed version."""
 
     def __init__(self, index: IndexDir, previous: Head | None) -> None:
         self.index = index
@@ -190,30 +191,44 @@ class TableWriter:
         self.rows_written = 0
         self.rows_deleted = 0
 
-    def write(self, batches: Iterable[pa.RecordBatch], previous_digests: dict[str, str]) -> int:
-        """Commit ``batches`` (all rows of the new build); returns the new table version."""
+    def write(self, batches: Iterable[pa.RecordBatch], previous_digests: dict[str, str],
+              row_ids: set[str]) -> int:
+        """Commit new and changed rows, delete rows not in ``row_ids`` (filled while
+        ``batches`` is consumed); returns the new table version."""
         db = self.index.connect()
-        seen: set[str] = set()
-        changed = _changed_rows(batches, previous_digests, seen, self)
+        changed = self._changed(batches, previous_digests)
         if self.previous is None or TABLE not in db.table_names():
-            table = db.create_table(TABLE, data=_reader(changed), schema=CHUNK_SCHEMA,
-                                    mode="overwrite")
-        else:
-            table = db.open_table(TABLE)
-            if table.version != self.previous.table_version:
-                table.checkout(self.previous.table_version)
-                table.restore()
-            pending = list(changed)
-            if pending:
-                (table.merge_insert("id").when_matched_update_all()
-                 .when_not_matched_insert_all().execute(pa.Table.from_batches(pending)))
-            gone = [row_id for row_id in previous_digests if row_id not in seen]
-            for start in range(0, len(gone), 5000):
-                ids = ", ".join(f"'{row_id}'" for row_id in gone[start : start + 5000])
-                table.delete(f"id IN ({ids})")
-            self.rows_deleted = len(gone)
-        _index_text(table)
+            table = db.create_table(TABLE, data=pa.RecordBatchReader.from_batches(
+                CHUNK_SCHEMA, changed), schema=CHUNK_SCHEMA, mode="overwrite")
+            _index_text(table)
+            return int(table.version)
+        table = db.open_table(TABLE)
+        if table.version != self.previous.table_version:
+            table.checkout(self.previous.table_version)
+            table.restore()
+        pending = list(changed)
+        if pending:
+            (table.merge_insert("id").when_matched_update_all()
+             .when_not_matched_insert_all().execute(pa.Table.from_batches(pending)))
+        gone = [row_id for row_id in previous_digests if row_id not in row_ids]
+        for start in range(0, len(gone), 5000):
+            ids = ", ".join(f"'{row_id}'" for row_id in gone[start : start + 5000])
+            table.delete(f"id IN ({ids})")
+        self.rows_deleted = len(gone)
+        if pending or gone:
+            table.optimize()
         return int(table.version)
+
+    def _changed(self, batches: Iterable[pa.RecordBatch],
+                 previous: dict[str, str]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            ids = batch.column("id").to_pylist()
+            digests = batch.column("row_digest").to_pylist()
+            keep = [previous.get(i) != d for i, d in zip(ids, digests, strict=True)]
+            if any(keep):
+                out = batch if all(keep) else batch.filter(pa.array(keep))
+                self.rows_written += out.num_rows
+                yield out
 
     def cleanup(self) -> None:
         """Drop versions older than an hour; readers pinned to recent ones are safe."""
@@ -221,25 +236,6 @@ class TableWriter:
             self.index.connect().open_table(TABLE).cleanup_old_versions(
                 older_than=timedelta(hours=1), delete_unverified=False
             )
-
-
-def _changed_rows(
-    batches: Iterable[pa.RecordBatch], previous: dict[str, str], seen: set[str],
-    writer: TableWriter,
-) -> Iterator[pa.RecordBatch]:
-    for batch in batches:
-        ids = batch.column("id").to_pylist()
-        digests = batch.column("row_digest").to_pylist()
-        seen.update(ids)
-        keep = [previous.get(i) != d for i, d in zip(ids, digests, strict=True)]
-        if any(keep):
-            out = batch.filter(pa.array(keep)) if not all(keep) else batch
-            writer.rows_written += out.num_rows
-            yield out
-
-
-def _reader(batches: Iterator[pa.RecordBatch]) -> pa.RecordBatchReader:
-    return pa.RecordBatchReader.from_batches(CHUNK_SCHEMA, batches)
 
 
 def _index_text(table: Any) -> None:
@@ -268,14 +264,6 @@ def take(table: Any, row_ids: list[int], columns: list[str]) -> list[dict[str, A
     data = table.take_row_ids(row_ids).select(columns).with_row_id().to_arrow().to_pylist()
     by_id = {row.pop("_rowid"): row for row in data}
     return [by_id[row_id] for row_id in row_ids]
-
-
-def load_digests(index: IndexDir, head: Head | None) -> dict[str, str]:
-    if head is None:
-        return {}
-    data = scan(index.open_table(head.table_version), ["id", "row_digest"])
-    return dict(zip(data.column("id").to_pylist(), data.column("row_digest").to_pylist(),
-                    strict=True))
 
 
 def binary_matrix(column: pa.Array) -> np.ndarray:

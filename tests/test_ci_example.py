@@ -42,7 +42,8 @@ def _uses(step: dict[str, Any], action: str) -> bool:
 
 
 def test_workflow_is_scheduled() -> None:
-    triggers = _workflow().get("on", _workflow().get(True))  # YAML 1.1 reads `on` as true
+    workflow = _workflow()
+    triggers: dict[str, Any] = workflow.get("on") or workflow[True]  # YAML 1.1: `on` is true
     crons = [entry["cron"] for entry in triggers["schedule"]]
     assert crons and all(len(cron.split()) == 5 for cron in crons)
 

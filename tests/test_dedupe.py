@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from ssindex.config import DedupeConfig
-from ssindex.rows import Chunk
+from ssindex.rows import Chunk, IndexedChunk
 from ssindex.stages.chunk import chunk_id, normalized_hash
 from ssindex.stages.dedupe import DedupeStats, dedupe
 
@@ -16,7 +16,8 @@ def _chunk(path: str, text: str) -> Chunk:
 
 def _verdicts(chunks: list[Chunk], **cfg: object) -> tuple[list[str | None], DedupeStats]:
     stats = DedupeStats()
-    rows = [r for batch in dedupe([chunks], DedupeConfig(**cfg), stats) for r in batch]  # type: ignore[arg-type]
+    batches = [[IndexedChunk(c) for c in chunks]]
+    rows = [r for batch in dedupe(batches, DedupeConfig(**cfg), stats) for r in batch]  # type: ignore[arg-type]
     return [r.dup_of for r in rows], stats
 
 
@@ -43,3 +44,18 @@ def test_threshold_is_respected() -> None:
     a, b = _chunk("a.py", base), _chunk("b.py", half)
     assert _verdicts([a, b])[0] == [None, None]
     assert _verdicts([a, b], near_threshold=0.2)[0] == [None, a.id]
+
+
+def test_band_keys_match_only_equal_bands() -> None:
+    import numpy as np
+
+    from ssindex.stages.dedupe import band_keys
+
+    rng = np.random.default_rng(0)
+    a = rng.integers(0, 2**32, size=128, dtype=np.uint64).astype(np.uint32)
+    b = a.copy()
+    b[:8] += 1  # first band differs, the other 15 agree
+    keys = band_keys(np.stack([a, b]))
+    assert keys.shape == (2, 16)
+    assert keys[0, 0] != keys[1, 0] and np.array_equal(keys[0, 1:], keys[1, 1:])
+    assert len(set(keys[0].tolist())) == 16

@@ -162,6 +162,9 @@ def test_copies_what_pip_install_needs(name: str) -> None:
     copied = " ".join(rest for key, rest in Dockerfile.read(name).instructions if key == "COPY")
     assert "pyproject.toml" in copied
     assert re.search(r"\bssindex\b", copied)
+    readme = PYPROJECT["project"].get("readme")
+    if isinstance(readme, str):  # setuptools reads it while building the wheel
+        assert readme in copied.split()
 
 
 @pytest.mark.parametrize("name", DOCKERFILES)

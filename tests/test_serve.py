@@ -141,3 +141,21 @@ def test_serve_without_index_fails_cleanly(tmp_path: Path) -> None:
     assert proc.returncode == 3
     assert proc.stdout == ""
     assert "no index" in proc.stderr
+
+
+def test_reopens_after_a_rebuild(tmp_path: Path) -> None:
+    """A long-lived server follows HEAD: a rebuild's new version is served on the next call."""
+    from ssindex.serve import WarmSearcher
+
+    for name, text in FILES.items():
+        (tmp_path / name).write_text(text, encoding="utf-8")
+    searcher = WarmSearcher(Path(build(tmp_path)["index"]))
+    query = "exponential backoff when a call fails"
+    assert "retry.py" not in {h["path"] for h in searcher.search(query, k=5)["results"]}
+
+    (tmp_path / "retry.py").write_text(
+        "import time\n\n\ndef call_with_backoff(fn, attempts=5):\n"
+        "    for attempt in range(attempts):\n        try:\n            return fn()\n"
+        "        except OSError:\n            time.sleep(2 ** attempt)\n", encoding="utf-8")
+    build(tmp_path)
+    assert searcher.search(query, k=5)["results"][0]["path"] == "retry.py"

@@ -6,11 +6,13 @@ selector's probe, which runs it.
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import os
 import platform
 from dataclasses import asdict, dataclass, field
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 
@@ -67,37 +69,56 @@ def _cuda_devices() -> tuple[dict[str, Any], ...]:
     return tuple(devices)
 
 
-def _runtimes() -> dict[str, Any]:
-    import torch
+def _nvidia_gpus() -> tuple[dict[str, Any], ...]:
+    """GPUs the NVIDIA driver lists, read without importing torch (Linux)."""
+    devices = []
+    for index, info in enumerate(sorted(Path("/proc/driver/nvidia/gpus").glob("*/information"))):
+        fields = dict(line.split(":", 1) for line in info.read_text().splitlines() if ":" in line)
+        devices.append({"index": index, "name": fields.get("Model", "NVIDIA GPU").strip()})
+    return tuple(devices)
 
-    found: dict[str, Any] = {"torch": {"version": torch.__version__,
-                                       "cuda_build": torch.version.cuda}}
+
+def _runtimes(with_torch: bool) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+    if with_torch:
+        import torch
+
+        found["torch"] = {"version": torch.__version__, "cuda_build": torch.version.cuda}
+    elif importlib.util.find_spec("torch") is not None:
+        found["torch"] = {"version": importlib.metadata.version("torch")}
     if importlib.util.find_spec("onnxruntime") is not None:
         import onnxruntime
 
         found["onnxruntime"] = {"version": onnxruntime.__version__,
                                 "listed_providers": onnxruntime.get_available_providers()}
     if importlib.util.find_spec("coremltools") is not None:
-        import coremltools
-
-        found["coremltools"] = {"version": coremltools.__version__}
+        # the version only: importing coremltools costs seconds and prints warnings
+        found["coremltools"] = {"version": importlib.metadata.version("coremltools"),
+                                "predicts": platform.system() == "Darwin"}
     return found
 
 
 @cache
-def detect() -> Inventory:
-    import torch
-
+def detect(with_torch: bool = True) -> Inventory:
+    """This machine's inventory. ``with_torch=False`` skips importing torch (seconds),
+    reading GPUs from the driver instead: enough to order query backends, which are
+    probed anyway."""
     model, flags = _cpu_info()
     apple = platform.system() == "Darwin" and platform.machine() == "arm64"
+    if with_torch:
+        import torch
+
+        cuda, mps = _cuda_devices(), bool(torch.backends.mps.is_available())
+    else:
+        cuda, mps = _nvidia_gpus(), apple
     return Inventory(
         system=platform.system(),
         machine=platform.machine(),
         cpu_model=model,
         cpu_count=os.cpu_count() or 1,
         cpu_flags=flags,
-        cuda_devices=_cuda_devices(),
-        mps=bool(torch.backends.mps.is_available()),
+        cuda_devices=cuda,
+        mps=mps,
         neural_engine=apple,
-        runtimes=_runtimes(),
+        runtimes=_runtimes(with_torch),
     )

@@ -15,7 +15,9 @@ MPS_MASK_FILL = -1e4
 def load_torch_model(model: ModelSpec, device: str, dtype: Any | None = None) -> Any:
     """The transformer weights from safetensors only (never a pickle)."""
     from transformers import AutoModel
+    from transformers.utils import logging
 
+    logging.disable_progress_bar()
     module = AutoModel.from_pretrained(model.path, local_files_only=True, use_safetensors=True)
     module.eval()
     if dtype is not None:

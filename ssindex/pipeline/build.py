@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,26 +13,17 @@ import xxhash
 
 from ssindex.backends.base import Encoder
 from ssindex.backends.model import ModelSpec
-from ssindex.backends.selector import select
-from ssindex.config import BuildConfig, Quantization, settings_fingerprint_fields
+from ssindex.backends.selector import Selection, select
+from ssindex.config import BuildConfig, settings_fingerprint_fields
 from ssindex.errors import IndexCorrupt
 from ssindex.lock import BuildLock
 from ssindex.pipeline.dag import STAGES, BuildPlan
 from ssindex.pipeline.local import RunStats, run_local
+from ssindex.pipeline.previous import PreviousIndex, stale_reasons
 from ssindex.pipeline.progress import Progress, SilentProgress
-from ssindex.stages.quantize import bytes_per_vector, dequantize_matrix
-from ssindex.stages.walk import check_root
-from ssindex.store import (
-    FORMAT_VERSION,
-    MANIFEST_SCHEMA,
-    Head,
-    IndexDir,
-    TableWriter,
-    binary_matrix,
-    load_digests,
-    now_iso,
-    scan,
-)
+from ssindex.stages.quantize import bytes_per_vector
+from ssindex.stages.walk import WalkStats, check_root, walk
+from ssindex.store import FORMAT_VERSION, MANIFEST_SCHEMA, IndexDir, TableWriter, now_iso
 
 
 def default_index_path(root: Path) -> Path:
@@ -41,38 +31,62 @@ def default_index_path(root: Path) -> Path:
 
 
 def settings_fingerprint(cfg: BuildConfig, model: ModelSpec) -> str:
-    fields = {"model": model.fingerprint, **settings_fingerprint_fields(cfg)}
+    fields = {"format": FORMAT_VERSION, "model": model.fingerprint,
+              **settings_fingerprint_fields(cfg)}
     return xxhash.xxh3_64_hexdigest(repr(sorted(fields.items())).encode())
 
 
-def _reuse_from(index: IndexDir, head: Head | None, quantization: Quantization,
-                ) -> Callable[[list[str]], dict[str, np.ndarray]] | None:
-    """Vectors of the committed index by embed key, when stored at this quantization."""
-    if head is None or head.quantization != quantization:
-        return None
-    data = scan(index.open_table(head.table_version), ["embed_key", "vec_codes", "vec_scale"],
-                where="dup_of IS NULL")
-    keys = data.column("embed_key").to_pylist()
-    if not keys:
-        return None
-    vectors = dequantize_matrix(binary_matrix(data.column("vec_codes").combine_chunks()),
-                                data.column("vec_scale").to_numpy(), quantization, head.dim)
-    position = {key: row for row, key in enumerate(keys)}
+class LazyEncoder:
+    """Selects and loads the bulk backend only when a chunk really needs embedding,
+    so a rebuild that reuses every vector never loads a model."""
 
-    def lookup(wanted: list[str]) -> dict[str, np.ndarray]:
-        return {key: vectors[position[key]] for key in wanted if key in position}
+    def __init__(self, model: ModelSpec, cfg: BuildConfig, explicit: str | None,
+                 progress: Progress) -> None:
+        self.model = model
+        self._cfg = cfg
+        self._explicit = explicit
+        self._progress = progress
+        self.selection: Selection | None = None
+        self.encoder: Encoder | None = None
 
-    return lookup
+    def encode(self, texts: list[str]) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, self.model.dim), dtype=np.float32)
+        if self.encoder is None:
+            self.selection = select("embed_bulk", self.model, self._explicit,
+                                    warn=self._progress.message)
+            self.encoder = Encoder(self.selection.backend, self.model,
+                                   self._cfg.embed.max_tokens, self._cfg.embed.batch_tokens)
+        return self.encoder.encode(texts)
+
+    def report(self) -> dict[str, Any]:
+        if self.selection is None:
+            return {"backend": None, "reason": "not loaded: every vector was reused"}
+        return self.selection.as_json()
 
 
-def _previous_head(index: IndexDir, warn: Callable[[str], None]) -> Head | None:
+def _previous(index: IndexDir, cfg: BuildConfig, model: ModelSpec,
+              progress: Progress) -> PreviousIndex | None:
     if not index.exists():
         return None
     try:
-        return index.read_head()
-    except IndexCorrupt as exc:
-        warn(f"previous index unreadable, rebuilding from scratch: {exc}")
+        head = index.read_head()
+        return PreviousIndex.load(index, head, settings_fingerprint(cfg, model),
+                                  cfg.quantization)
+    except (IndexCorrupt, OSError, KeyError, ValueError) as exc:
+        progress.message(f"previous index unreadable, rebuilding from scratch: {exc}")
         return None
+
+
+def check(root: Path, index_path: Path | None = None,
+          config: BuildConfig | None = None) -> list[str]:
+    """Why the index is stale against the tree at ``root``; empty when it is current."""
+    cfg = config or BuildConfig()
+    root = check_root(Path(root))
+    index = IndexDir(index_path or default_index_path(root))
+    previous = _previous(index, cfg, ModelSpec.resolve(cfg.embed.model), SilentProgress())
+    files = {f.path: f.content_hash for f in walk(root, cfg.walk, WalkStats(), index.path)}
+    return stale_reasons(previous, files)
 
 
 def build(
@@ -91,25 +105,25 @@ def build(
     index = IndexDir(index_path or default_index_path(root))
     index.ensure_writable()
     with BuildLock(index.path, warn=progress.message):
-        previous = _previous_head(index, progress.message)
         model = ModelSpec.resolve(cfg.embed.model)
-        selection = select("embed_bulk", model, overrides.get("embed_bulk"), warn=progress.message)
-        encoder = Encoder(selection.backend, model, cfg.embed.max_tokens, cfg.embed.batch_tokens)
-        model_key = f"{model.fingerprint}:{cfg.embed.max_tokens}"
-        plan = BuildPlan(root, index.path, cfg, encoder, model_key,
-                         _reuse_from(index, previous, cfg.quantization))
+        previous = _previous(index, cfg, model, progress)
+        encoder = LazyEncoder(model, cfg, overrides.get("embed_bulk"), progress)
+        plan = BuildPlan(root, index.path, cfg, encoder,
+                         model_key=f"{model.fingerprint}:{cfg.embed.max_tokens}",
+                         reuse=previous.vectors if previous else None,
+                         stored=previous.stored_chunks if previous else None)
         stats = RunStats()
-        writer = TableWriter(index, previous)
-        digests = load_digests(index, previous)
+        writer = TableWriter(index, previous.head if previous else None)
         write_started = time.perf_counter()
-        version = writer.write(run_local(plan, stats, progress), digests)
+        version = writer.write(run_local(plan, stats, progress),
+                               previous.digests if previous else {}, stats.row_ids)
         write_seconds = time.perf_counter() - write_started - stats.clock.inclusive.get(
             "quantize", 0.0)
         manifest = index.write_manifest(
             f"v{version}.arrow", pa.Table.from_pylist(stats.manifest, schema=MANIFEST_SCHEMA))
-        result = _stats(stats, selection.as_json(), model, cfg, encoder, write_seconds,
-                        time.perf_counter() - started, writer)
-        head = {
+        result = _stats(stats, encoder, model, cfg, write_seconds, writer, previous)
+        result["wall_seconds"] = round(time.perf_counter() - started, 3)
+        index.write_head({
             "format_version": FORMAT_VERSION,
             "table_version": version,
             "manifest": manifest,
@@ -124,39 +138,45 @@ def build(
             "files": result["files_indexed"],
             "chunks": result["chunks_total"],
             "stats": result,
-        }
-        index.write_head(head)
+        })
         writer.cleanup()
     result["index"] = str(index.path)
     result["table_version"] = version
     return result
 
 
-def _stats(stats: RunStats, bulk: dict[str, Any], model: ModelSpec, cfg: BuildConfig,
-           encoder: Encoder, write_seconds: float, wall: float, writer: TableWriter,
+def _stats(stats: RunStats, encoder: LazyEncoder, model: ModelSpec, cfg: BuildConfig,
+           write_seconds: float, writer: TableWriter, previous: PreviousIndex | None,
            ) -> dict[str, Any]:
     seconds = stats.clock.exclusive()
     seconds["write"] = round(max(write_seconds, 0.0), 3)
+    encode = encoder.encoder.stats if encoder.encoder is not None else None
+    known = previous.files if previous is not None else {}
+    paths = {entry["path"] for entry in stats.manifest}
     return {
         "files_seen": stats.walk.files_seen,
         "files_indexed": stats.chunk.files,
         "files_skipped": dict(sorted(stats.walk.skipped.items())),
         "dirs_pruned": dict(sorted(stats.walk.dirs_pruned.items())),
+        "files_unchanged": stats.chunk.files_unchanged,
+        "files_changed": sum(1 for e in stats.manifest
+                             if e["path"] in known and known[e["path"]][0] != e["content_hash"]),
+        "files_new": sum(1 for p in paths if p not in known),
+        "files_removed": sum(1 for p in known if p not in paths),
         "chunkers": dict(stats.chunk.chunkers),
         "chunks_total": stats.chunk.chunks,
         "chunks_embedded": stats.embed.embedded,
         "chunks_deduplicated": stats.dedupe.exact + stats.dedupe.near,
         "chunks_near_duplicates": stats.dedupe.near,
         "chunks_reused": stats.embed.reused,
-        "chunks_truncated": encoder.stats.truncated,
-        "tokens_embedded": encoder.stats.tokens,
-        "padding_fraction": round(1 - encoder.stats.tokens / encoder.stats.padded_tokens, 4)
-        if encoder.stats.padded_tokens else 0.0,
+        "chunks_truncated": encode.truncated if encode else 0,
+        "tokens_embedded": encode.tokens if encode else 0,
+        "padding_fraction": round(1 - encode.tokens / encode.padded_tokens, 4)
+        if encode and encode.padded_tokens else 0.0,
         "rows_written": writer.rows_written,
         "rows_deleted": writer.rows_deleted,
         "stage_seconds": {stage: seconds.get(stage, 0.0) for stage in STAGES},
-        "wall_seconds": round(wall, 3),
-        "backends": {"embed_bulk": bulk},
+        "backends": {"embed_bulk": encoder.report()},
         "model": model.model_id,
         "quantization": cfg.quantization,
         "vector_bytes_per_chunk": bytes_per_vector(cfg.quantization, model.dim),

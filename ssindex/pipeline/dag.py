@@ -12,8 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ssindex.backends.base import Encoder
 from ssindex.config import BuildConfig
+from ssindex.stages.chunk import StoredChunks
+from ssindex.stages.embed import TextEncoder
 
 STAGES: tuple[str, ...] = ("walk", "chunk", "dedupe", "embed", "quantize", "write")
 
@@ -23,9 +24,12 @@ class BuildPlan:
     root: Path
     index_path: Path
     config: BuildConfig
-    encoder: Encoder
+    encoder: TextEncoder
     model_key: str
     """Model content hash and token limit: the part of a vector's identity outside its text."""
     reuse: Callable[[list[str]], dict[str, np.ndarray]] | None
+    """Vectors the previous index holds, by embed key."""
+    stored: StoredChunks | None
+    """Chunks the previous index holds for an unchanged file."""
     batch_chunks: int = 256
     """Chunks per batch between dedupe and write."""

@@ -19,7 +19,7 @@ from ssindex.pipeline.dag import BuildPlan
 from ssindex.pipeline.progress import Progress
 from ssindex.pipeline.rows import to_record_batch
 from ssindex.pipeline.timing import StageClock
-from ssindex.rows import Chunk, SourceFile
+from ssindex.rows import IndexedChunk, SourceFile
 from ssindex.stages.chunk import ChunkStats, chunk
 from ssindex.stages.dedupe import DedupeStats, dedupe
 from ssindex.stages.embed import EmbedStats, embed
@@ -38,6 +38,8 @@ class RunStats:
     embed: EmbedStats = field(default_factory=EmbedStats)
     clock: StageClock = field(default_factory=StageClock)
     manifest: list[dict[str, Any]] = field(default_factory=list)
+    row_ids: set[str] = field(default_factory=set)
+    """Every chunk id of the new index, written or unchanged."""
 
 
 def _rebatch(lists: Iterable[list[T]], size: int) -> Iterator[list[T]]:
@@ -73,7 +75,7 @@ def _prefetch(items: Iterator[T], depth: int) -> Iterator[T]:
 
 
 def run_local(plan: BuildPlan, stats: RunStats, progress: Progress) -> Iterator[pa.RecordBatch]:
-    """Yield the record batches of every row of the new index, in path order."""
+    """Yield record batches of the new or changed rows of the index, in path order."""
     clock = stats.clock
     cfg = plan.config
 
@@ -82,29 +84,22 @@ def run_local(plan: BuildPlan, stats: RunStats, progress: Progress) -> Iterator[
             progress.advance("walk")
             yield source
 
-    def track_chunks(per_file: Iterable[list[Chunk]], files: list[SourceFile]) -> Iterator[
-            list[Chunk]]:
-        for chunks in per_file:
-            source = files.pop(0)
+    def track_chunks(per_file: Iterable[tuple[SourceFile, list[IndexedChunk]]],
+                     ) -> Iterator[list[IndexedChunk]]:
+        for source, rows in per_file:
             stats.manifest.append({"path": source.path, "size": source.size,
                                    "mtime_ns": source.mtime_ns,
                                    "content_hash": source.content_hash,
-                                   "chunk_ids": [c.id for c in chunks]})
-            progress.advance("chunk", len(chunks))
-            yield chunks
+                                   "chunk_ids": [row.chunk.id for row in rows]})
+            progress.advance("chunk", len(rows))
+            yield rows
 
-    def producer() -> Iterator[Any]:
-        seen: list[SourceFile] = []
-
-        def remember(files: Iterable[SourceFile]) -> Iterator[SourceFile]:
-            for source in files:
-                seen.append(source)
-                yield source
-
+    def producer() -> Iterator[list[IndexedChunk]]:
         files = clock.timed("walk", track_files(walk(plan.root, cfg.walk, stats.walk,
                                                      exclude=plan.index_path)), None)
-        per_file = clock.timed("chunk", chunk(remember(files), cfg.chunk, stats.chunk), "walk")
-        batches = _rebatch(track_chunks(per_file, seen), plan.batch_chunks)
+        per_file = clock.timed("chunk", chunk(files, cfg.chunk, stats.chunk, plan.stored),
+                               "walk")
+        batches = _rebatch(track_chunks(per_file), plan.batch_chunks)
         yield from clock.timed("dedupe", dedupe(batches, cfg.dedupe, stats.dedupe), "chunk")
 
     handed = clock.timed("wait", _prefetch(producer(), depth=8), None)
@@ -113,4 +108,7 @@ def run_local(plan: BuildPlan, stats: RunStats, progress: Progress) -> Iterator[
     for batch, codes, scales in clock.timed("quantize", quantize(embedded, cfg.quantization),
                                             "embed"):
         progress.advance("embed", len(batch))
-        yield to_record_batch(batch, codes, scales, plan.model_key)
+        stats.row_ids.update(row.chunk.id for row in batch)
+        record_batch = to_record_batch(batch, codes, scales, plan.model_key)
+        if record_batch is not None:
+            yield record_batch

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pyarrow as pa
 
@@ -16,21 +18,37 @@ def name_terms(path: str, symbol: str) -> str:
     return analyze(f"{symbol} {path.replace('/', ' ').replace('.', ' ')}")
 
 
-def to_record_batch(
-    batch: list[IndexedChunk], codes: np.ndarray, scales: np.ndarray, model_key: str
-) -> pa.RecordBatch:
-    rows = []
-    for row, code, scale in zip(batch, codes, scales, strict=True):
-        chunk = row.chunk
+def _record(row: IndexedChunk, code: bytes, scale: float, model_key: str) -> dict[str, Any]:
+    chunk = row.chunk
+    if row.stored is not None:
+        record = dict(row.stored)
+        record.update(dup_of=row.dup_of, vec_codes=code, vec_scale=scale)
+    else:
         record = {
             "id": chunk.id, "path": chunk.path, "language": chunk.language,
             "start_line": chunk.start_line, "end_line": chunk.end_line,
             "symbol": chunk.symbol, "kind": chunk.kind, "text": chunk.text,
             "dup_of": row.dup_of, "content_hash": chunk.content_hash,
             "file_hash": chunk.file_hash, "embed_key": embed_key(chunk, model_key),
-            "vec_codes": code.tobytes(), "vec_scale": float(scale),
+            "minhash": row.signature, "vec_codes": code, "vec_scale": scale,
             "lex_body": analyze(chunk.text), "lex_name": name_terms(chunk.path, chunk.symbol),
         }
-        record["row_digest"] = row_digest(record)
-        rows.append(record)
-    return pa.RecordBatch.from_pylist(rows, schema=CHUNK_SCHEMA)
+    record["row_digest"] = row_digest(record)
+    return record
+
+
+def _unchanged(row: IndexedChunk, code: bytes, scale: float) -> bool:
+    stored = row.stored
+    return stored is not None and stored["dup_of"] == row.dup_of and (
+        stored["vec_codes"] == code and stored["vec_scale"] == scale)
+
+
+def to_record_batch(batch: list[IndexedChunk], codes: np.ndarray, scales: np.ndarray,
+                    model_key: str) -> pa.RecordBatch | None:
+    """The rows of ``batch`` that differ from the previous index (``None`` if none do)."""
+    records = []
+    for row, code_row, scale in zip(batch, codes, scales, strict=True):
+        code, value = code_row.tobytes(), float(scale)
+        if not _unchanged(row, code, value):
+            records.append(_record(row, code, value, model_key))
+    return pa.RecordBatch.from_pylist(records, schema=CHUNK_SCHEMA) if records else None

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import PurePosixPath
@@ -37,7 +37,7 @@ import xxhash
 
 from ssindex.config import ChunkConfig
 from ssindex.languages import AST_LANGUAGES
-from ssindex.rows import Chunk, SourceFile
+from ssindex.rows import Chunk, IndexedChunk, SourceFile
 
 _DEFINITION_KINDS: dict[str, str] = {
     "function_definition": "function", "function_declaration": "function",
@@ -80,6 +80,8 @@ _NAME_TYPES = frozenset({
 @dataclass(slots=True)
 class ChunkStats:
     files: int = 0
+    files_unchanged: int = 0
+    """Files whose stored chunks were reused instead of parsing them again."""
     chunks: int = 0
     chunkers: Counter[str] = field(default_factory=Counter)
     """Files per chunker: ``ast``, ``lines``, ``lines_parse_error``."""
@@ -117,16 +119,26 @@ class _Lines:
         return self.prefix[end + 1] - self.prefix[start]
 
 
+StoredChunks = Callable[[SourceFile], "list[IndexedChunk] | None"]
+"""The chunks an unchanged file already has in the index, or ``None``."""
+
+
 def chunk(
-    files: Iterable[SourceFile], cfg: ChunkConfig, stats: ChunkStats
-) -> Iterator[list[Chunk]]:
-    """Yield the chunks of each file, one list per file, in input order."""
+    files: Iterable[SourceFile], cfg: ChunkConfig, stats: ChunkStats,
+    stored: StoredChunks | None = None,
+) -> Iterator[tuple[SourceFile, list[IndexedChunk]]]:
+    """Yield each file with its chunks, in input order; unchanged files reuse stored chunks."""
     for source in files:
-        chunks, chunker = chunk_file(source, cfg)
         stats.files += 1
-        stats.chunks += len(chunks)
-        stats.chunkers[chunker] += 1
-        yield chunks
+        rows = stored(source) if stored is not None else None
+        if rows is not None:
+            stats.files_unchanged += 1
+        else:
+            chunks, chunker = chunk_file(source, cfg)
+            stats.chunkers[chunker] += 1
+            rows = [IndexedChunk(c) for c in chunks]
+        stats.chunks += len(rows)
+        yield source, rows
 
 
 def chunk_file(source: SourceFile, cfg: ChunkConfig) -> tuple[list[Chunk], str]:

@@ -16,12 +16,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import xxhash
 
-from ssindex.backends.base import Encoder
 from ssindex.rows import Chunk, IndexedChunk
+
+
+class TextEncoder(Protocol):
+    def encode(self, texts: list[str]) -> np.ndarray: ...
+
 
 Reuse = Callable[[list[str]], dict[str, np.ndarray]]
 """Looks up embed keys in a previous index; returns the vectors it has."""
@@ -47,7 +52,7 @@ def embed_key(chunk: Chunk, model_key: str) -> str:
 
 def embed(
     batches: Iterable[list[IndexedChunk]],
-    encoder: Encoder,
+    encoder: TextEncoder,
     model_key: str,
     stats: EmbedStats,
     reuse: Reuse | None = None,
@@ -56,7 +61,8 @@ def embed(
     exemplar_vectors: dict[str, np.ndarray] = {}
     for batch in batches:
         fresh = [row for row in batch if row.dup_of is None]
-        keys = [embed_key(row.chunk, model_key) for row in fresh]
+        keys = [row.stored["embed_key"] if row.stored is not None else
+                embed_key(row.chunk, model_key) for row in fresh]
         found = reuse(keys) if reuse is not None else {}
         missing = [(row, key) for row, key in zip(fresh, keys, strict=True) if key not in found]
         vectors = encoder.encode([embedding_text(row.chunk) for row, _ in missing])
