@@ -50,6 +50,8 @@ def build(
     backend: BackendOpt = None,
     as_json: JsonOpt = False,
     no_progress: Annotated[bool, typer.Option("--no-progress")] = False,
+    check: Annotated[bool, typer.Option(
+        "--check", help="Build nothing: exit 1 if the index is stale, 0 if current.")] = False,
 ) -> None:
     """Index PATH (default index dir: PATH/.ssindex)."""
     from dataclasses import replace
@@ -67,6 +69,15 @@ def build(
     if model is not None:
         cfg = replace(cfg, embed=replace(cfg.embed, model=model))
     overrides = parse_overrides(backend or [])
+    if check:
+        from ssindex.pipeline.build import check as check_index
+
+        reasons = check_index(path, index, cfg)
+        if as_json:
+            _emit({"stale": bool(reasons), "reasons": reasons})
+        else:
+            Console().print("stale: " + "; ".join(reasons) if reasons else "current")
+        raise typer.Exit(1 if reasons else 0)
     live = err.is_terminal and not no_progress
     reporter: Any = RichProgress(err) if live else PlainProgress()
     with reporter:
@@ -110,15 +121,9 @@ def search(
 @app.command()
 def status(index: IndexOpt = None, as_json: JsonOpt = False) -> None:
     """What an index holds and how it was built."""
-    from ssindex.store import FORMAT_VERSION, IndexDir
+    from ssindex.store import status_data
 
-    head = IndexDir(_index_for(index)).read_head().data
-    data = {
-        "index": str(_index_for(index)), "files": head["files"], "chunks": head["chunks"],
-        "model": head["model"]["id"], "quantization": head["quantization"],
-        "index_version": FORMAT_VERSION, "table_version": head["table_version"],
-        "built_at": head["built_at"], "root": head["root"],
-    }
+    data = status_data(_index_for(index))
     if as_json:
         _emit(data)
     else:
@@ -157,20 +162,9 @@ def doctor(as_json: JsonOpt = False) -> None:
 
 
 def main() -> None:
+    """Entry point: click handles usage errors (exit 2); ``SsindexError`` is one line."""
     try:
-        app(standalone_mode=False)
+        app()
     except SsindexError as exc:
         err.print(f"[red]error:[/] {exc}", highlight=False)
         raise SystemExit(exc.exit_code) from None
-    except KeyboardInterrupt:
-        err.print("[red]interrupted[/]")
-        raise SystemExit(130) from None
-    except (typer.Exit, SystemExit) as exc:
-        raise SystemExit(getattr(exc, "exit_code", getattr(exc, "code", 0))) from None
-    except Exception as exc:
-        import click
-
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            raise SystemExit(exc.exit_code) from None
-        raise

@@ -6,6 +6,7 @@ logs): one plain progress line every few seconds, never control characters.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from typing import Any
@@ -65,8 +66,9 @@ class RichProgress:
 class PlainProgress:
     """Periodic one-line progress for logs (no TTY)."""
 
-    def __init__(self, every: float = 10.0) -> None:
-        self._every = every
+    def __init__(self, every: float | None = None) -> None:
+        self._every = every if every is not None else float(
+            os.environ.get("SSINDEX_PROGRESS_SECONDS", "10"))
         self._counts = dict.fromkeys(_UNITS, 0)
         self._started = self._last = time.perf_counter()
 

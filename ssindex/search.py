@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 
 from ssindex.backends.base import Encoder
-from ssindex.backends.model import ModelSpec
 from ssindex.backends.inventory import detect
+from ssindex.backends.model import ModelSpec
 from ssindex.backends.selector import Selection, select
 from ssindex.config import SEARCH_MODES
 from ssindex.errors import ConfigError, IndexCorrupt

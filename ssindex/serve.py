@@ -22,7 +22,7 @@ from typing import Any
 
 from ssindex.errors import ConfigError, SsindexError
 from ssindex.search import Searcher
-from ssindex.store import FORMAT_VERSION, HEAD, IndexDir
+from ssindex.store import HEAD, status_data
 
 INSTRUCTIONS = (
     "Code search over one indexed repository. `search` returns ranked chunks "
@@ -30,17 +30,6 @@ INSTRUCTIONS = (
     "the index holds and when it was built."
 )
 RESULT_FIELDS = ("path", "start_line", "end_line", "language", "symbol", "kind", "score", "text")
-
-
-def status_data(index_path: Path) -> dict[str, Any]:
-    """What ``ssindex status --json`` prints for ``index_path``."""
-    head = IndexDir(index_path).read_head().data
-    return {
-        "index": str(index_path), "files": head["files"], "chunks": head["chunks"],
-        "model": head["model"]["id"], "quantization": head["quantization"],
-        "index_version": FORMAT_VERSION, "table_version": head["table_version"],
-        "built_at": head["built_at"], "root": head["root"],
-    }
 
 
 class WarmSearcher:

@@ -278,5 +278,16 @@ def binary_matrix(column: pa.Array) -> np.ndarray:
     return data.reshape(len(column), width)
 
 
+def status_data(index_path: Path) -> dict[str, Any]:
+    """What an index holds and how it was built (``ssindex status``, MCP ``status``)."""
+    head = IndexDir(index_path).read_head().data
+    return {
+        "index": str(index_path), "files": head["files"], "chunks": head["chunks"],
+        "model": head["model"]["id"], "quantization": head["quantization"],
+        "index_version": FORMAT_VERSION, "table_version": head["table_version"],
+        "built_at": head["built_at"], "root": head["root"],
+    }
+
+
 def now_iso() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

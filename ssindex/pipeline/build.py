@@ -21,6 +21,7 @@ from ssindex.pipeline.dag import STAGES, BuildPlan
 from ssindex.pipeline.local import RunStats, run_local
 from ssindex.pipeline.previous import PreviousIndex, stale_reasons
 from ssindex.pipeline.progress import Progress, SilentProgress
+from ssindex.pipeline.staging import Staging
 from ssindex.stages.quantize import bytes_per_vector
 from ssindex.stages.walk import WalkStats, check_root, walk
 from ssindex.store import FORMAT_VERSION, MANIFEST_SCHEMA, IndexDir, TableWriter, now_iso
@@ -108,10 +109,18 @@ def build(
         model = ModelSpec.resolve(cfg.embed.model)
         previous = _previous(index, cfg, model, progress)
         encoder = LazyEncoder(model, cfg, overrides.get("embed_bulk"), progress)
-        plan = BuildPlan(root, index.path, cfg, encoder,
-                         model_key=f"{model.fingerprint}:{cfg.embed.max_tokens}",
-                         reuse=previous.vectors if previous else None,
-                         stored=previous.stored_chunks if previous else None)
+        model_key = f"{model.fingerprint}:{cfg.embed.max_tokens}"
+        staging = Staging(index.path, model_key)
+        if staging.load():
+            progress.message("resuming: reusing vectors checkpointed by an interrupted build")
+
+        def reuse(keys: list[str]) -> dict[str, np.ndarray]:
+            found = previous.vectors(keys) if previous else {}
+            return found | staging.lookup([key for key in keys if key not in found])
+
+        plan = BuildPlan(root, index.path, cfg, encoder, model_key, reuse,
+                         stored=previous.stored_chunks if previous else None,
+                         checkpoint=staging.checkpoint)
         stats = RunStats()
         writer = TableWriter(index, previous.head if previous else None)
         write_started = time.perf_counter()
@@ -140,6 +149,7 @@ def build(
             "stats": result,
         })
         writer.cleanup()
+        staging.clear()
     result["index"] = str(index.path)
     result["table_version"] = version
     return result

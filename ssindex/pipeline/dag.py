@@ -31,5 +31,7 @@ class BuildPlan:
     """Vectors the previous index holds, by embed key."""
     stored: StoredChunks | None
     """Chunks the previous index holds for an unchanged file."""
+    checkpoint: Callable[[list[str], np.ndarray], None] | None = None
+    """Receives freshly embedded vectors as they are made."""
     batch_chunks: int = 256
     """Chunks per batch between dedupe and write."""

@@ -104,7 +104,7 @@ def run_local(plan: BuildPlan, stats: RunStats, progress: Progress) -> Iterator[
 
     handed = clock.timed("wait", _prefetch(producer(), depth=8), None)
     embedded = clock.timed("embed", embed(handed, plan.encoder, plan.model_key, stats.embed,
-                                          plan.reuse), "wait")
+                                          plan.reuse, plan.checkpoint), "wait")
     for batch, codes, scales in clock.timed("quantize", quantize(embedded, cfg.quantization),
                                             "embed"):
         progress.advance("embed", len(batch))

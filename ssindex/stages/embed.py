@@ -56,8 +56,10 @@ def embed(
     model_key: str,
     stats: EmbedStats,
     reuse: Reuse | None = None,
+    checkpoint: Callable[[list[str], np.ndarray], None] | None = None,
 ) -> Iterator[list[IndexedChunk]]:
-    """Give every chunk a vector; duplicates get their exemplar's."""
+    """Give every chunk a vector; duplicates get their exemplar's. ``checkpoint``
+    receives each batch of freshly computed vectors (for resuming a killed build)."""
     exemplar_vectors: dict[str, np.ndarray] = {}
     for batch in batches:
         fresh = [row for row in batch if row.dup_of is None]
@@ -66,6 +68,8 @@ def embed(
         found = reuse(keys) if reuse is not None else {}
         missing = [(row, key) for row, key in zip(fresh, keys, strict=True) if key not in found]
         vectors = encoder.encode([embedding_text(row.chunk) for row, _ in missing])
+        if checkpoint is not None and missing:
+            checkpoint([key for _, key in missing], vectors)
         computed = {key: vector for (_, key), vector in zip(missing, vectors, strict=True)}
         for row, key in zip(fresh, keys, strict=True):
             row.vector = found[key] if key in found else computed[key]

@@ -1,0 +1,63 @@
+"""Checkpoints of finished embedding work, so a killed build does not redo it.
+
+Each embedded batch is written to ``INDEX/staging/<model key>/`` as one Arrow
+IPC file (write to temp, fsync, rename: a file is whole or absent). The next
+build reads them back as reusable vectors; a committed build removes them.
+Vectors are stored as float32, so a resumed build quantizes exactly as an
+uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+import itertools
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.ipc as ipc
+import xxhash
+
+from ssindex.store import atomic_write_bytes
+
+
+class Staging:
+    def __init__(self, index_path: Path, model_key: str) -> None:
+        self.root = Path(index_path) / "staging"
+        self.path = self.root / xxhash.xxh3_64_hexdigest(model_key.encode())
+        self._counter = itertools.count()
+        self._vectors: dict[str, np.ndarray] = {}
+
+    def load(self) -> int:
+        """Read checkpoints left by a killed build; returns how many vectors they hold."""
+        for file in sorted(self.path.glob("*.arrow")) if self.path.is_dir() else []:
+            try:
+                with ipc.open_file(str(file)) as reader:
+                    table = reader.read_all()
+            except (OSError, pa.ArrowInvalid):
+                continue  # a torn file cannot exist (atomic rename), but never trust disk
+            vectors = np.stack(table.column("vector").to_numpy(zero_copy_only=False))
+            self._vectors.update(zip(table.column("embed_key").to_pylist(), vectors,
+                                     strict=True))
+        self._counter = itertools.count(len(list(self.path.glob("*.arrow")))
+                                        if self.path.is_dir() else 0)
+        return len(self._vectors)
+
+    def lookup(self, keys: list[str]) -> dict[str, np.ndarray]:
+        return {key: self._vectors[key] for key in keys if key in self._vectors}
+
+    def checkpoint(self, keys: list[str], vectors: np.ndarray) -> None:
+        if not keys:
+            return
+        self.path.mkdir(parents=True, exist_ok=True)
+        table = pa.table({"embed_key": keys,
+                          "vector": pa.array(list(vectors.astype(np.float32)),
+                                             type=pa.list_(pa.float32()))})
+        sink = pa.BufferOutputStream()
+        with ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table)
+        atomic_write_bytes(self.path / f"batch-{next(self._counter):06d}.arrow",
+                           sink.getvalue().to_pybytes())
+
+    def clear(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)

@@ -1,0 +1,222 @@
+"""Incremental, resumable, crash-safe builds: real processes, real files, the real model."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from ssindex.store import IndexDir, scan
+
+from .conftest import CLI, STDLIB, cli_json, run_cli
+
+ROW_FIELDS = ["id", "path", "start_line", "end_line", "symbol", "kind", "dup_of", "text"]
+
+
+def _tree(root: Path) -> Path:
+    shutil.copytree(STDLIB / "json", root / "json", ignore=shutil.ignore_patterns("__py*"))
+    return root
+
+
+def _rows(index: Path) -> dict[str, dict[str, Any]]:
+    table = IndexDir(index).open_table()
+    data = scan(table, [*ROW_FIELDS, "vec_codes", "vec_scale"]).to_pylist()
+    return {row["id"]: row for row in data}
+
+
+def _assert_same_rows(a: dict[str, dict[str, Any]], b: dict[str, dict[str, Any]]) -> None:
+    assert a.keys() == b.keys()
+    for row_id, row in a.items():
+        other = b[row_id]
+        assert {k: row[k] for k in ROW_FIELDS} == {k: other[k] for k in ROW_FIELDS}
+        va = np.frombuffer(row["vec_codes"], np.int8) * row["vec_scale"]
+        vb = np.frombuffer(other["vec_codes"], np.int8) * other["vec_scale"]
+        assert float(va @ vb / np.linalg.norm(va) / np.linalg.norm(vb)) >= 0.999
+
+
+def _build(root: Path, *args: str) -> dict[str, Any]:
+    return cli_json("build", str(root), "--no-progress", *args)
+
+
+def _edit(root: Path) -> None:
+    """Change, remove, copy and rename files: every kind of incremental event."""
+    decoder = root / "json" / "decoder.py"
+    decoder.write_text(decoder.read_text().replace("def py_scanstring(", "def py_scan_string("))
+    (root / "json" / "tool.py").unlink()
+    shutil.copy(root / "json" / "encoder.py", root / "encoder_copy.py")
+    (root / "json" / "scanner.py").rename(root / "json" / "scanner_renamed.py")
+
+
+def test_incremental_equals_clean_build(tmp_path: Path) -> None:
+    root = _tree(tmp_path / "a")
+    first = _build(root)
+    again = _build(root)
+    assert again["chunks_embedded"] == 0 and again["rows_written"] == 0
+    assert again["files_unchanged"] == first["files_indexed"]
+    assert again["backends"]["embed_bulk"]["backend"] is None  # the model was never loaded
+    _edit(root)
+    incremental = _build(root)
+    assert incremental["files_removed"] == 2 and incremental["files_new"] == 2
+    assert incremental["files_changed"] == 1
+    # the copy and the renamed file cost nothing; only edited chunks are embedded
+    assert 0 < incremental["chunks_embedded"] <= 3
+    clean = _tree(tmp_path / "b")
+    shutil.rmtree(clean / "json")
+    shutil.copytree(root / "json", clean / "json")
+    shutil.copy(root / "encoder_copy.py", clean / "encoder_copy.py")
+    _build(clean)
+    _assert_same_rows(_rows(root / ".ssindex"), _rows(clean / ".ssindex"))
+
+
+def test_changed_settings_invalidate_what_depends_on_them(tmp_path: Path) -> None:
+    root = _tree(tmp_path)
+    _build(root)
+    (tmp_path / "small.toml").write_text("[chunk]\nmax_chars = 300\n")
+    rechunked = _build(root, "--config", str(tmp_path / "small.toml"))
+    assert rechunked["files_unchanged"] == 0  # new chunker settings: every file re-chunked
+    assert rechunked["chunks_reused"] > 0  # ... but identical chunk texts keep their vectors
+    requantized = _build(root, "--config", str(tmp_path / "small.toml"), "--quantize", "int4")
+    assert requantized["chunks_reused"] == 0 and requantized["quantization"] == "int4"
+    assert run_cli("build", str(root), "--check", "--config", str(tmp_path / "small.toml"),
+                   "--quantize", "int4", check=False).returncode == 0
+
+
+def test_check_gates_ci(tmp_path: Path) -> None:
+    root = _tree(tmp_path)
+    assert run_cli("build", str(root), "--check", check=False).returncode == 1  # no index
+    _build(root)
+    assert run_cli("build", str(root), "--check", check=False).returncode == 0
+    (root / "json" / "new.py").write_text("def added():\n    return 1\n")
+    result = run_cli("build", str(root), "--check", "--json", check=False)
+    assert result.returncode == 1 and "new" in result.stdout
+
+
+def _spawn_build(root: Path) -> subprocess.Popen[str]:
+    env = {**os.environ, "SSINDEX_PROGRESS_SECONDS": "0"}
+    return subprocess.Popen([CLI, "build", str(root), "--no-progress", "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def _kill_when(process: subprocess.Popen[str], ready: Any, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not ready() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert process.poll() is None, "build finished before the kill point"
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+
+
+def _progress_shows(process: subprocess.Popen[str], stage: str) -> Any:
+    """A predicate: the build's progress lines show ``stage`` past zero."""
+    assert process.stderr is not None
+    fd = process.stderr.fileno()
+    os.set_blocking(fd, False)
+    seen = bytearray()
+
+    def ready() -> bool:
+        with contextlib.suppress(BlockingIOError):
+            seen.extend(os.read(fd, 65536))
+        return any(f"{stage} " in line and not line.split(f"{stage} ")[1].startswith("0")
+                   for line in seen.decode(errors="replace").splitlines())
+
+    return ready
+
+
+@pytest.mark.parametrize("point", ["walk", "embed", "write"])
+def test_sigkill_leaves_old_index_and_next_build_recovers(tmp_path: Path, point: str) -> None:
+    root = _tree(tmp_path / "tree")
+    _build(root)
+    before = cli_json("search", "decode json document", "--index", str(root / ".ssindex"))
+    _edit(root)
+    for extra in range(3):  # enough new text that embedding takes a while
+        shutil.copy(STDLIB / "textwrap.py", root / f"wrap{extra}.py")
+        text = (root / f"wrap{extra}.py").read_text()
+        (root / f"wrap{extra}.py").write_text(text.replace("width", f"width{extra}"))
+    process = _spawn_build(root)
+    versions = root / ".ssindex" / "db" / "chunks.lance" / "_versions"
+    count = len(list(versions.iterdir()))
+    ready = {
+        "walk": _progress_shows(process, "walk"),
+        "embed": _progress_shows(process, "embed"),
+        "write": lambda: len(list(versions.iterdir())) > count,
+    }[point]
+    _kill_when(process, ready)
+    after = cli_json("search", "decode json document", "--index", str(root / ".ssindex"))
+    assert after["results"] == before["results"]  # the old index answers, unchanged
+    resumed = _build(root)
+    if point == "embed":
+        assert resumed["chunks_reused"] > 0
+    clean = tmp_path / "clean"
+    shutil.copytree(root, clean, ignore=shutil.ignore_patterns(".ssindex"))
+    _build(clean)
+    _assert_same_rows(_rows(root / ".ssindex"), _rows(clean / ".ssindex"))
+
+
+READER = """
+import sys, json
+from ssindex.search import Searcher
+index, rounds = sys.argv[1], int(sys.argv[2])
+errors, seen = 0, set()
+for _ in range(rounds):
+    try:
+        hits = Searcher(index).search("versionmarker", k=50, mode="lexical").results
+        tags = {line.split("=")[1].strip() for h in hits for line in h["text"].splitlines()
+                if line.startswith("TAG =")}
+        if len(tags) != 1 or len(hits) != 3:
+            errors += 1
+        seen |= tags
+    except Exception as exc:
+        errors += 1
+        print(repr(exc), file=sys.stderr)
+print(json.dumps({"errors": errors, "seen": sorted(seen)}))
+"""
+
+
+def test_reader_never_sees_a_mixed_or_broken_index(tmp_path: Path) -> None:
+    root = tmp_path / "tree"
+    root.mkdir()
+
+    def write(tag: str) -> None:
+        for name in ("a", "b", "c"):
+            (root / f"{name}.py").write_text(
+                f"TAG = '{tag}'\n\ndef {name}_versionmarker():\n    return '{name}'\n")
+
+    write("v0")
+    _build(root)
+    reader = subprocess.Popen([sys.executable, "-c", READER, str(root / ".ssindex"), "150"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for round_ in range(1, 4):
+        write(f"v{round_}")
+        _build(root)
+    out, err = reader.communicate(timeout=600)
+    report = __import__("json").loads(out)
+    assert report["errors"] == 0, err
+    assert len(report["seen"]) >= 1
+
+
+def test_lock_blocks_a_second_builder_and_stale_locks_are_broken(tmp_path: Path) -> None:
+    import fcntl
+
+    root = _tree(tmp_path)
+    index = root / ".ssindex"
+    index.mkdir()
+    with open(index / "lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        held.write("999999")
+        held.flush()
+        result = run_cli("build", str(root), "--no-progress", check=False)
+        assert result.returncode == 4 and "another build" in result.stderr
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (index / "lock").write_text(str(dead.pid))
+    result = run_cli("build", str(root), "--no-progress")
+    assert "stale lock" in result.stderr
