@@ -95,6 +95,8 @@ def search(
     k: Annotated[int, typer.Option("-k", help="Number of results.")] = 10,
     mode: Annotated[str, typer.Option("--mode", help="hybrid, lexical or semantic.")] = "hybrid",
     backend: BackendOpt = None,
+    no_abstain: Annotated[bool, typer.Option(
+        "--no-abstain", help="Always answer, even when the index has nothing relevant.")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Search an index."""
@@ -103,12 +105,14 @@ def search(
 
     overrides = parse_overrides(backend or [])
     searcher = Searcher(_index_for(index), overrides.get("embed_query"))
-    response = searcher.search(query, k=k, mode=mode)
+    response = searcher.search(query, k=k, mode=mode, abstain=not no_abstain)
     if as_json:
         _emit(response.as_json())
         return
     out = Console()
-    if not response.results:
+    if response.abstained:
+        out.print("nothing relevant in this index (abstained; --no-abstain to answer anyway)")
+    elif not response.results:
         out.print("no results")
     for rank, hit in enumerate(response.results, 1):
         out.print(f"[bold]{rank:>2}. {hit['path']}:{hit['start_line']}-{hit['end_line']}[/] "
@@ -138,6 +142,64 @@ def serve(index: IndexOpt = None, backend: BackendOpt = None) -> None:
     from ssindex.serve import serve as run_server
 
     run_server(_index_for(index), parse_overrides(backend or []).get("embed_query"))
+
+
+@app.command(name="eval")
+def evaluate(
+    directory: Annotated[Path, typer.Argument(help="BEIR layout: corpus.jsonl, queries.jsonl, "
+                                                   "qrels.tsv.")],
+    mode: Annotated[str, typer.Option("--mode", help="lexical, semantic, hybrid or all.")] = "all",
+    quantize: Annotated[str | None, typer.Option("--quantize")] = None,
+    workdir: Annotated[Path | None, typer.Option(
+        "--workdir", help="Keep the tree and index here and reuse them next time.")] = None,
+    suffix: Annotated[str, typer.Option("--suffix", help="File suffix of documents.")] = ".py",
+    no_abstain: Annotated[bool, typer.Option("--no-abstain")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Retrieval quality (MRR@10, nDCG@10, recall, latency) through the real pipeline."""
+    from dataclasses import replace
+
+    from ssindex.config import QUANTIZATIONS, SEARCH_MODES, BuildConfig
+    from ssindex.evaluate import evaluate as run_eval
+
+    cfg = BuildConfig()
+    if quantize is not None:
+        if quantize not in QUANTIZATIONS:
+            raise ConfigError(f"--quantize must be one of {', '.join(QUANTIZATIONS)}")
+        cfg = replace(cfg, quantization=quantize)  # type: ignore[arg-type]
+    modes = list(SEARCH_MODES) if mode == "all" else [mode]
+    report = run_eval(directory, modes, cfg, workdir, suffix, abstain=not no_abstain)
+    if as_json:
+        _emit(report)
+        return
+    from rich.table import Table
+
+    table = Table(title=f"{report['dataset']} ({report['quantization']})")
+    columns = ["mrr@10", "ndcg@10", "recall@1", "recall@10", "recall@100", "identifier_top1",
+               "latency_ms_p50", "abstained"]
+    table.add_column("mode")
+    for column in columns:
+        table.add_column(column, justify="right")
+    for name, scores in report["modes"].items():
+        table.add_row(name, *(str(scores[c]) for c in columns))
+    Console().print(table)
+
+
+@app.command()
+def calibrate(as_json: JsonOpt = False) -> None:
+    """Time each runnable backend per phase here; store the winners in the user config."""
+    from ssindex.calibrate import calibrate as run_calibration
+
+    record = run_calibration()
+    if as_json:
+        _emit(record)
+        return
+    out = Console()
+    for name, figure in record["figures"].items():
+        out.print(f"[bold]{name:<16}[/]{figure}")
+    for phase, winner in record["phases"].items():
+        out.print(f"[green]{phase}[/] → {winner['backend']} ({winner['figure']})")
+    out.print(f"stored in {record['stored_at']}")
 
 
 @app.command()

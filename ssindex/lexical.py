@@ -38,3 +38,18 @@ def analyze(text: str) -> str:
 
 def terms(text: str) -> list[str]:
     return analyze(text).split()
+
+
+def exact_symbol_term(name: str) -> str:
+    """One token for a symbol's own name, exactly (``Parser.__init__`` → ``sym:__init__``),
+    so that a query naming a symbol finds its definition above its mere uses."""
+    return "sym:" + name.rsplit(".", 1)[-1].lower()[:MAX_TOKEN_CHARS]
+
+
+def query_terms(query: str) -> str:
+    """A query's index terms; a lone identifier also asks for the exact symbol token."""
+    words = analyze(query)
+    stripped = query.strip().rstrip("()")
+    if stripped and " " not in stripped and _IDENTIFIER.fullmatch(stripped.rsplit(".", 1)[-1]):
+        words = f"{words} {exact_symbol_term(stripped)}"
+    return words

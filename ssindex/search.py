@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from ssindex.abstain import TermStats, Thresholds
 from ssindex.backends.base import Encoder
 from ssindex.backends.inventory import detect
 from ssindex.backends.model import ModelSpec
@@ -21,7 +22,7 @@ from ssindex.backends.selector import Selection, select
 from ssindex.config import SEARCH_MODES
 from ssindex.errors import ConfigError, IndexCorrupt
 from ssindex.fusion import Hit, fuse, lexical_weight
-from ssindex.lexical import analyze
+from ssindex.lexical import query_terms
 from ssindex.stages.quantize import dequantize_matrix
 from ssindex.store import IndexDir, binary_matrix, scan, take
 
@@ -37,9 +38,11 @@ class SearchResponse:
     results: list[dict[str, Any]]
     backend: dict[str, Any] | None = None
     timings_ms: dict[str, float] = field(default_factory=dict)
+    abstained: bool = False
 
     def as_json(self) -> dict[str, Any]:
-        data: dict[str, Any] = {"query": self.query, "mode": self.mode, "results": self.results}
+        data: dict[str, Any] = {"query": self.query, "mode": self.mode,
+                                "abstained": self.abstained, "results": self.results}
         if self.backend is not None:
             data["backend"] = self.backend
         data["timings_ms"] = self.timings_ms
@@ -58,12 +61,13 @@ class Searcher:
         self._encoder: Encoder | None = None
         self._row_ids: np.ndarray | None = None
         self._matrix: np.ndarray | None = None
+        self._terms: TermStats | None = None
 
     # -- the legs -------------------------------------------------------------------------
     def lexical(self, query: str, limit: int = CANDIDATES) -> list[Hit]:
         from lancedb.query import FullTextOperator, MultiMatchQuery
 
-        terms = analyze(query)
+        terms = query_terms(query)
         if not terms:
             return []
         fts = MultiMatchQuery(terms, ["lex_body", "lex_name"], boosts=[1.0, 2.0],
@@ -89,24 +93,51 @@ class Searcher:
         return self.encoder.encode([query])[0]
 
     # -- public ---------------------------------------------------------------------------
-    def search(self, query: str, k: int = 10, mode: str = "hybrid") -> SearchResponse:
+    def search(self, query: str, k: int = 10, mode: str = "hybrid",
+               abstain: bool = True) -> SearchResponse:
+        """The top ``k`` chunks; none, with ``abstained`` set, when the index has nothing
+        to say (see ``ssindex.abstain``; ``abstain=False`` always answers)."""
         if mode not in SEARCH_MODES:
             raise ConfigError(f"unknown mode {mode!r} (modes: {', '.join(SEARCH_MODES)})")
         if k < 1:
             raise ConfigError("-k must be at least 1")
         started = time.perf_counter()
         depth = max(CANDIDATES, k)
-        if mode == "lexical":
+        dense = self.semantic(query, depth) if mode != "lexical" else []
+        abstained = abstain and self._abstains(query, dense)
+        if abstained:
+            hits: list[Hit] = []
+        elif mode == "lexical":
             hits = self.lexical(query, k)
         elif mode == "semantic":
-            hits = self.semantic(query, k)
+            hits = dense
         else:
-            hits = fuse(self.semantic(query, depth), self.lexical(query, depth),
-                        lexical_weight(query))
+            hits = fuse(dense, self.lexical(query, depth), lexical_weight(query))
         ranked = self._fetch(hits[:k])
         elapsed = {"total": round((time.perf_counter() - started) * 1000, 2)}
         backend = self._selection.as_json() if self._selection is not None else None
-        return SearchResponse(query, mode, ranked, backend, elapsed)
+        return SearchResponse(query, mode, ranked, backend, elapsed, abstained)
+
+    def _abstains(self, query: str, dense: list[Hit]) -> bool:
+        thresholds = self._thresholds
+        if thresholds is None:
+            return False
+        if self.term_stats.grounding(query) >= thresholds.lexical:
+            return False
+        best = dense[0].score if dense else max((h.score for h in self.semantic(query, 1)),
+                                                default=0.0)
+        return best < thresholds.semantic
+
+    @property
+    def _thresholds(self) -> Thresholds | None:
+        data = self.head.data.get("abstention")
+        return Thresholds(**data) if data else None
+
+    @property
+    def term_stats(self) -> TermStats:
+        if self._terms is None:
+            self._terms = TermStats.from_table(self.index.read_manifest(self.head.data["terms"]))
+        return self._terms
 
     @property
     def encoder(self) -> Encoder:

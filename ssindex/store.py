@@ -200,7 +200,7 @@ class TableWriter:
         if self.previous is None or TABLE not in db.table_names():
             table = db.create_table(TABLE, data=pa.RecordBatchReader.from_batches(
                 CHUNK_SCHEMA, changed), schema=CHUNK_SCHEMA, mode="overwrite")
-            _index_text(table)
+            index_text(table)
             return int(table.version)
         table = db.open_table(TABLE)
         if table.version != self.previous.table_version:
@@ -238,7 +238,7 @@ class TableWriter:
             )
 
 
-def _index_text(table: Any) -> None:
+def index_text(table: Any) -> None:
     """(Re)build the full-text indexes of the lexical leg over the analyzed columns."""
     for column in ("lex_body", "lex_name"):
         table.create_fts_index(

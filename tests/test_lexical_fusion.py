@@ -37,3 +37,12 @@ def test_degenerate_leg_falls_back_to_rrf() -> None:
     dense = [Hit(1, 0.5), Hit(2, 0.4)]
     flat = [Hit(2, 1.0), Hit(3, 1.0)]
     assert [h.row_id for h in fuse(dense, flat, 0.5)] == [2, 1, 3]
+
+
+def test_lone_identifier_queries_ask_for_the_exact_symbol() -> None:
+    from ssindex.lexical import exact_symbol_term, query_terms
+
+    assert exact_symbol_term("Parser.__init__") == "sym:__init__"
+    assert query_terms("_converter").endswith("sym:_converter")
+    assert query_terms("HTTPServer.serve_forever()").endswith("sym:serve_forever")
+    assert "sym:" not in query_terms("read a file")

@@ -11,10 +11,11 @@ import numpy as np
 import pyarrow as pa
 import xxhash
 
+from ssindex.abstain import TermStats, Thresholds, calibrate
 from ssindex.backends.base import Encoder
 from ssindex.backends.model import ModelSpec
 from ssindex.backends.selector import Selection, select
-from ssindex.config import BuildConfig, settings_fingerprint_fields
+from ssindex.config import BuildConfig, Quantization, settings_fingerprint_fields
 from ssindex.errors import IndexCorrupt
 from ssindex.lock import BuildLock
 from ssindex.pipeline.dag import STAGES, BuildPlan
@@ -22,9 +23,17 @@ from ssindex.pipeline.local import RunStats, run_local
 from ssindex.pipeline.previous import PreviousIndex, stale_reasons
 from ssindex.pipeline.progress import Progress, SilentProgress
 from ssindex.pipeline.staging import Staging
-from ssindex.stages.quantize import bytes_per_vector
+from ssindex.stages.quantize import bytes_per_vector, dequantize_matrix
 from ssindex.stages.walk import WalkStats, check_root, walk
-from ssindex.store import FORMAT_VERSION, MANIFEST_SCHEMA, IndexDir, TableWriter, now_iso
+from ssindex.store import (
+    FORMAT_VERSION,
+    MANIFEST_SCHEMA,
+    IndexDir,
+    TableWriter,
+    binary_matrix,
+    now_iso,
+    scan,
+)
 
 
 def default_index_path(root: Path) -> Path:
@@ -44,6 +53,7 @@ class LazyEncoder:
     def __init__(self, model: ModelSpec, cfg: BuildConfig, explicit: str | None,
                  progress: Progress) -> None:
         self.model = model
+        self.quantization: Quantization = cfg.quantization
         self._cfg = cfg
         self._explicit = explicit
         self._progress = progress
@@ -130,6 +140,7 @@ def build(
             "quantize", 0.0)
         manifest = index.write_manifest(
             f"v{version}.arrow", pa.Table.from_pylist(stats.manifest, schema=MANIFEST_SCHEMA))
+        terms, thresholds = _calibrate_abstention(index, version, encoder, model_key)
         result = _stats(stats, encoder, model, cfg, write_seconds, writer, previous)
         result["wall_seconds"] = round(time.perf_counter() - started, 3)
         index.write_head({
@@ -144,6 +155,8 @@ def build(
             "quantization": cfg.quantization,
             "settings": {"fingerprint": settings_fingerprint(cfg, model),
                          "config": dataclasses.asdict(cfg)},
+            "terms": terms,
+            "abstention": thresholds.as_json(),
             "files": result["files_indexed"],
             "chunks": result["chunks_total"],
             "stats": result,
@@ -153,6 +166,34 @@ def build(
     result["index"] = str(index.path)
     result["table_version"] = version
     return result
+
+
+def _calibrate_abstention(index: IndexDir, version: int, encoder: LazyEncoder,
+                          model_key: str) -> tuple[str, Thresholds]:
+    """Term statistics of the committed rows, and abstention thresholds for them.
+
+    The nonsense queries' vectors depend on the model alone, so they are kept
+    beside the index and a rebuild that embeds nothing never loads the model."""
+    table = index.open_table(version)
+    data = scan(table, ["lex_body", "vec_codes", "vec_scale"])
+    stats = TermStats.from_column(data.column("lex_body"))
+    terms = index.write_manifest(f"terms-v{version}.arrow", stats.to_table())
+    matrix = dequantize_matrix(binary_matrix(data.column("vec_codes").combine_chunks()),
+                               data.column("vec_scale").to_numpy(), encoder.quantization,
+                               encoder.model.dim)
+    key = xxhash.xxh3_64_hexdigest(model_key.encode())
+    cache = index.path / "manifests" / f"nonsense-{key}.arrow"
+
+    def embed(queries: list[str]) -> np.ndarray:
+        if cache.is_file():
+            return np.stack(index.read_manifest(cache.name).column("vector").to_numpy(
+                zero_copy_only=False))
+        vectors = encoder.encode(queries)
+        index.write_manifest(cache.name, pa.table({"vector": pa.array(
+            list(vectors), type=pa.list_(pa.float32()))}))
+        return vectors
+
+    return terms, calibrate(stats, matrix, embed)
 
 
 def _stats(stats: RunStats, encoder: LazyEncoder, model: ModelSpec, cfg: BuildConfig,

@@ -7,15 +7,17 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ssindex.lexical import analyze
+from ssindex.lexical import analyze, exact_symbol_term
 from ssindex.rows import IndexedChunk
 from ssindex.stages.embed import embed_key
 from ssindex.store import CHUNK_SCHEMA, row_digest
 
 
 def name_terms(path: str, symbol: str) -> str:
-    """What the lexical leg's name field indexes: the symbol and the path's parts."""
-    return analyze(f"{symbol} {path.replace('/', ' ').replace('.', ' ')}")
+    """What the lexical leg's name field indexes: the symbol, the path's parts, and the
+    exact symbol name as one ``sym:`` token (see ``ssindex.lexical.exact_symbol_term``)."""
+    words = analyze(f"{symbol} {path.replace('/', ' ').replace('.', ' ')}")
+    return f"{words} {exact_symbol_term(symbol)}"
 
 
 def _record(row: IndexedChunk, code: bytes, scale: float, model_key: str) -> dict[str, Any]:

@@ -177,8 +177,20 @@ def _ast_spans(
         return None
     last = len(lines.rows) - 1
     spans = _split(root, module, 0, lines, cfg, is_root=True)
+    sole = _sole_definition(root, module)
+    if sole is not None:
+        for span in spans:
+            if (span.symbol, span.kind) == module:
+                span.symbol, span.kind = sole
     spans = _tile(spans, 0, last)
     return _merge(spans, lines, cfg.max_chars, module)
+
+
+def _sole_definition(root: Any, module: tuple[str, str]) -> tuple[str, str] | None:
+    """A file that defines exactly one top-level symbol is named for it, not for the file."""
+    found = [d for child in root.named_children if "comment" not in child.type
+             and (d := _definition(child, module)) is not None]
+    return found[0] if len(found) == 1 else None
 
 
 def _rows(node: Any) -> tuple[int, int]:

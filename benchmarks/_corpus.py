@@ -1,0 +1,32 @@
+"""A fixed, real corpus for benchmarks: standard-library chunks from our own chunker."""
+
+from __future__ import annotations
+
+import random
+import sysconfig
+from pathlib import Path
+
+from ssindex.config import ChunkConfig, WalkConfig
+from ssindex.stages.chunk import chunk_file
+from ssindex.stages.embed import embedding_text
+from ssindex.stages.walk import WalkStats, walk
+
+STDLIB = Path(sysconfig.get_paths()["stdlib"])
+
+
+def stdlib_chunk_texts(count: int, seed: int = 0) -> list[str]:
+    """``count`` embedding texts sampled (fixed seed) from chunks of the standard library."""
+    texts: list[str] = []
+    for source in walk(STDLIB, WalkConfig(), WalkStats()):
+        if source.language == "python":
+            chunks, _ = chunk_file(source, ChunkConfig())
+            texts.extend(embedding_text(c) for c in chunks)
+    return random.Random(seed).sample(texts, min(count, len(texts)))
+
+
+def model_flops_per_token(config: dict, seq_len: float) -> float:
+    """Forward FLOPs per token: 2 x non-embedding weights, plus attention scores."""
+    hidden, layers = config["hidden_size"], config["num_hidden_layers"]
+    inner = config.get("intermediate_size", 4 * hidden)
+    weights = layers * (4 * hidden * hidden + 2 * hidden * inner)
+    return 2 * weights + layers * 4 * seq_len * hidden

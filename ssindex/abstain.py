@@ -1,0 +1,95 @@
+"""Abstention: knowing when an index has nothing to say about a query.
+
+A query is answered when it is *lexically grounded* (the summed IDF of its
+terms that occur in the corpus reaches ``lexical``) or *semantically
+confident* (its best cosine reaches ``semantic``); otherwise the search
+abstains. IDF comes from term collection frequencies over the analyzed chunk
+text, counted in C++ by pyarrow and stored beside the index.
+
+Thresholds are calibrated per index at build time against queries of random
+pseudo-words, which no corpus should answer: each threshold sits just above
+the 99.5th percentile of what such queries reach, so nonsense abstains while
+a real query, grounded by any of its words, does not.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ssindex.lexical import terms
+
+CALIBRATION_QUERIES = 200
+_ONSETS = ["b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "gl",
+           "kr", "pl", "st", "tr", "sk", "fl", "dr", "sn"]
+_VOWELS = ["a", "e", "i", "o", "u", "ai", "ou", "ee", "oa"]
+_CODAS = ["", "", "n", "r", "x", "th", "sk", "m", "nd"]
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    lexical: float
+    semantic: float
+
+    def as_json(self) -> dict[str, float]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class TermStats:
+    """Collection frequency of each index term, and the total term count."""
+
+    counts: dict[str, int]
+    total: int
+
+    @classmethod
+    def from_column(cls, lex: pa.ChunkedArray | pa.Array) -> TermStats:
+        words = pc.list_flatten(pc.utf8_split_whitespace(lex))
+        counted = pc.value_counts(words)
+        counts = dict(zip(counted.field("values").to_pylist(),
+                          counted.field("counts").to_pylist(), strict=True))
+        return cls(counts, max(sum(counts.values()), 1))
+
+    def to_table(self) -> pa.Table:
+        return pa.table({"term": list(self.counts), "count": list(self.counts.values())},
+                        metadata={"total": str(self.total)})
+
+    @classmethod
+    def from_table(cls, table: pa.Table) -> TermStats:
+        counts = dict(zip(table.column("term").to_pylist(), table.column("count").to_pylist(),
+                          strict=True))
+        return cls(counts, int((table.schema.metadata or {}).get(b"total", b"1")))
+
+    def grounding(self, query: str) -> float:
+        """Summed IDF of the query's distinct terms that occur in the corpus."""
+        return sum(math.log(1 + self.total / self.counts[t]) for t in set(terms(query))
+                   if t in self.counts)
+
+
+def nonsense_queries(count: int, seed: int) -> list[str]:
+    """Queries of pronounceable random pseudo-words (``"plouvex draith"``)."""
+    rng = random.Random(seed)
+
+    def word() -> str:
+        return "".join(rng.choice(_ONSETS) + rng.choice(_VOWELS) + rng.choice(_CODAS)
+                       for _ in range(rng.randint(2, 3)))
+
+    return [" ".join(word() for _ in range(rng.randint(1, 4))) for _ in range(count)]
+
+
+def calibrate(stats: TermStats, matrix: np.ndarray, embed: Any) -> Thresholds:
+    """Thresholds just above what 99.5% of nonsense queries reach on this index."""
+    queries = nonsense_queries(CALIBRATION_QUERIES, seed=0)
+    lexical = [stats.grounding(q) for q in queries]
+    if len(matrix):
+        best = (np.asarray(embed(queries)) @ matrix.T).max(axis=1)
+    else:
+        best = np.zeros(len(queries))
+    return Thresholds(lexical=round(float(np.percentile(lexical, 99.5)) + 0.01, 4),
+                      semantic=round(float(np.percentile(best, 99.5)) + 0.01, 4))

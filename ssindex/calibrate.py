@@ -1,0 +1,93 @@
+"""``ssindex calibrate``: time every backend that runs here, per phase; keep the winners.
+
+Bulk is measured in chunks per second on real standard-library chunks, single
+queries in milliseconds (median of repeated calls). Winners are stored in the
+user's config dir for this machine; auto selection then tries them first.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sysconfig
+import time
+from pathlib import Path
+from typing import Any
+
+from ssindex.backends.base import Encoder
+from ssindex.backends.cache import config_dir
+from ssindex.backends.inventory import Inventory, detect
+from ssindex.backends.model import ModelSpec
+from ssindex.backends.selector import CALIBRATION_FILE, create, machine_key, probe
+from ssindex.config import ChunkConfig
+from ssindex.store import atomic_write_bytes
+
+BULK_CHUNKS = 48
+QUERY_REPEATS = 25
+
+
+def _sample_chunks() -> list[str]:
+    from ssindex.rows import SourceFile
+    from ssindex.stages.chunk import chunk_file
+    from ssindex.stages.embed import embedding_text
+
+    path = Path(sysconfig.get_paths()["stdlib"]) / "json" / "decoder.py"
+    text = path.read_text(encoding="utf-8")
+    chunks, _ = chunk_file(SourceFile("json/decoder.py", "python", text, len(text), 0, ""),
+                           ChunkConfig())
+    texts = [embedding_text(c) for c in chunks]
+    return (texts * (BULK_CHUNKS // max(len(texts), 1) + 1))[:BULK_CHUNKS]
+
+
+def _runnable(inventory: Inventory) -> list[str]:
+    names = ["torch-cpu-fp32", "torch-cpu-bf16", "onnx-cpu"]
+    if inventory.cuda_devices:
+        names += ["torch-cuda", "onnx-cuda"]
+    if inventory.mps:
+        names.append("torch-mps")
+    if inventory.neural_engine:
+        names += ["onnx-coreml", "coreml"]
+    return names
+
+
+def calibrate(model: str | None = None) -> dict[str, Any]:
+    """Measure, store and return the per-phase figures and winners."""
+    inventory = detect()
+    spec = ModelSpec.resolve(model)
+    texts = _sample_chunks()
+    figures: dict[str, dict[str, Any]] = {}
+    for name in _runnable(inventory):
+        try:
+            backend = create(name, spec, inventory)
+            probe(backend)
+        except Exception as exc:  # a backend that cannot run here is reported, not timed
+            figures[name] = {"error": str(exc)}
+            continue
+        encoder = Encoder(backend, spec, 256)
+        encoder.encode(texts[:4])
+        started = time.perf_counter()
+        encoder.encode(texts)
+        bulk = len(texts) / (time.perf_counter() - started)
+        timings = []
+        for _ in range(QUERY_REPEATS):
+            started = time.perf_counter()
+            encoder.encode(["read a json document from a file"])
+            timings.append((time.perf_counter() - started) * 1000)
+        figures[name] = {"bulk_chunks_per_s": round(bulk, 1),
+                         "query_ms_p50": round(statistics.median(timings), 2)}
+    timed = {n: f for n, f in figures.items() if "error" not in f}
+    bulk_winner = max(timed, key=lambda n: timed[n]["bulk_chunks_per_s"])
+    query_winner = min(timed, key=lambda n: timed[n]["query_ms_p50"])
+    phases = {
+        "embed_bulk": {"backend": bulk_winner,
+                       "figure": f"{timed[bulk_winner]['bulk_chunks_per_s']} chunks/s"},
+        "embed_query": {"backend": query_winner,
+                        "figure": f"{timed[query_winner]['query_ms_p50']} ms/query"},
+    }
+    record = {"machine": machine_key(inventory), "model": spec.model_id,
+              "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+              "phases": phases, "figures": figures}
+    path = config_dir() / CALIBRATION_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(path, json.dumps(record, indent=2).encode())
+    return record | {"stored_at": str(path)}

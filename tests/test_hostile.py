@@ -1,0 +1,69 @@
+"""Hostile input: every case is a clear error or a counted skip, never a crash."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ssindex.config import WalkConfig
+from ssindex.stages.walk import WalkStats, walk
+
+from .conftest import cli_json, run_cli
+
+
+def test_hostile_tree_builds_with_every_skip_counted(tmp_path: Path) -> None:
+    root = tmp_path / "repo"
+    root.mkdir()
+    (root / "ok.py").write_text("def fine():\n    return 'fine'\n")
+    (root / "bad_utf8.py").write_bytes(b"x = '\xff\xfe broken'\n")
+    (root / "nul.py").write_bytes(b"x = 1\x00\x00\n")
+    with open(root / "minified.js", "w") as handle:  # 50 MB on one line
+        handle.write("var a=[")
+        for _ in range(500):
+            handle.write("1," * 50_000)
+        handle.write("1];")
+    (root / "deep.py").write_text("x = " + "[" * 10_000 + "]" * 10_000 + "\n")
+    (root / "loop.py").symlink_to(root / "loop.py")
+    (tmp_path / "secret.py").write_text("password = 'x'\n")
+    (root / "escape.py").symlink_to(tmp_path / "secret.py")
+    with open(os.fsencode(root) + b"/caf\xe9.py", "wb") as handle:
+        handle.write(b"x = 1\n")
+    stats = cli_json("build", str(root), "--no-progress")
+    assert stats["files_skipped"] == {"binary": 1, "invalid_utf8": 1, "non_utf8_name": 1,
+                                      "symlink_broken_or_loop": 1, "symlink_outside_root": 1,
+                                      "too_large": 1}
+    assert stats["files_indexed"] == 2  # ok.py and deep.py
+    hits = cli_json("search", "fine", "--index", str(root / ".ssindex"), "--mode", "lexical")
+    assert hits["results"][0]["path"] == "ok.py"
+
+
+def test_empty_repository_builds_an_empty_index(tmp_path: Path) -> None:
+    stats = cli_json("build", str(tmp_path), "--no-progress")
+    assert stats["files_indexed"] == 0 and stats["chunks_total"] == 0
+    response = cli_json("search", "anything", "--index", str(tmp_path / ".ssindex"))
+    assert response["results"] == []
+
+
+def test_bad_paths_are_clear_errors(tmp_path: Path) -> None:
+    file = tmp_path / "file.py"
+    file.write_text("x = 1\n")
+    result = run_cli("build", str(file), check=False)
+    assert result.returncode == 2 and "not a directory" in result.stderr
+    result = run_cli("build", str(tmp_path), "--index", str(file / "index"), check=False)
+    assert result.returncode == 5 and "cannot write index directory" in result.stderr
+    for output in (result.stderr,):
+        assert "Traceback" not in output and len(output.strip().splitlines()) == 1
+
+
+def test_files_that_vanish_or_change_during_the_walk(tmp_path: Path) -> None:
+    for name in "abcd":
+        (tmp_path / f"{name}.py").write_text(f"{name} = 1\n")
+    stats = WalkStats()
+    seen = []
+    for source in walk(tmp_path, WalkConfig(), stats):
+        seen.append(source.path)
+        if source.path == "a.py":
+            (tmp_path / "c.py").unlink()
+            (tmp_path / "d.py").write_text("d = 2  # changed mid-walk\n")
+    assert seen == ["a.py", "b.py", "d.py"]
+    assert stats.skipped["vanished"] == 1
