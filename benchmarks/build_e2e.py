@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _corpus import STDLIB  # noqa: E402
+from _corpus import STDLIB
 
 WINDOW = 40
 

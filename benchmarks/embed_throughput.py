@@ -21,12 +21,12 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _corpus import model_flops_per_token, stdlib_chunk_texts  # noqa: E402
+from _corpus import model_flops_per_token, stdlib_chunk_texts
 
-from ssindex.backends.base import Encoder  # noqa: E402
-from ssindex.backends.model import ModelSpec  # noqa: E402
-from ssindex.backends.selector import select  # noqa: E402
-from ssindex.config import EmbedConfig  # noqa: E402
+from ssindex.backends.base import Encoder
+from ssindex.backends.model import ModelSpec
+from ssindex.backends.selector import select
+from ssindex.config import EmbedConfig
 
 
 def gemm_peak(dtype: torch.dtype, size: int = 2048, repeats: int = 5) -> float:

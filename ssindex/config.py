@@ -125,7 +125,11 @@ def load_config(path: Path | None) -> BuildConfig:
 
 def settings_fingerprint_fields(cfg: BuildConfig) -> dict[str, Any]:
     """The settings whose change invalidates chunks or vectors in an index."""
+    from ssindex.lexical import ANALYZER_VERSION
+    from ssindex.stages.chunk import CHUNKER_VERSION
+
     return {
+        "code": (CHUNKER_VERSION, ANALYZER_VERSION),
         "chunk": dataclasses.asdict(cfg.chunk),
         "dedupe": dataclasses.asdict(cfg.dedupe),
         "max_tokens": cfg.embed.max_tokens,

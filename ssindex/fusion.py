@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 
 RRF_K = 60
-LEXICAL_WEIGHT_NATURAL = 0.2
+LEXICAL_WEIGHT_NATURAL = 0.1
 LEXICAL_WEIGHT_IDENTIFIER = 0.6
 _IDENTIFIER_HINT = re.compile(r"[a-z][A-Z]|_|\.\w|\(|::|->")
 

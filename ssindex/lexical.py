@@ -17,6 +17,8 @@ from functools import lru_cache
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|[0-9]+")
 _PARTS = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|[0-9]+")
 MAX_TOKEN_CHARS = 40
+ANALYZER_VERSION = 2
+"""Bumped whenever indexed terms change: part of the settings fingerprint."""
 
 
 @lru_cache(maxsize=262_144)

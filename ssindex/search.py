@@ -8,6 +8,7 @@ and keeps its query backend warm, so repeated searches pay only for the query.
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,7 @@ class Searcher:
         self._row_ids: np.ndarray | None = None
         self._matrix: np.ndarray | None = None
         self._terms: TermStats | None = None
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ssindex-lexical")
 
     # -- the legs -------------------------------------------------------------------------
     def lexical(self, query: str, limit: int = CANDIDATES) -> list[Hit]:
@@ -103,6 +105,8 @@ class Searcher:
             raise ConfigError("-k must be at least 1")
         started = time.perf_counter()
         depth = max(CANDIDATES, k)
+        # the lexical leg runs in a thread while the query is embedded: both release the GIL
+        pending = self._pool.submit(self.lexical, query, depth) if mode == "hybrid" else None
         dense = self.semantic(query, depth) if mode != "lexical" else []
         abstained = abstain and self._abstains(query, dense)
         if abstained:
@@ -112,7 +116,8 @@ class Searcher:
         elif mode == "semantic":
             hits = dense
         else:
-            hits = fuse(dense, self.lexical(query, depth), lexical_weight(query))
+            assert pending is not None
+            hits = fuse(dense, pending.result(), lexical_weight(query))
         ranked = self._fetch(hits[:k])
         elapsed = {"total": round((time.perf_counter() - started) * 1000, 2)}
         backend = self._selection.as_json() if self._selection is not None else None

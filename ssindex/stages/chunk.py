@@ -39,6 +39,9 @@ from ssindex.config import ChunkConfig
 from ssindex.languages import AST_LANGUAGES
 from ssindex.rows import Chunk, IndexedChunk, SourceFile
 
+CHUNKER_VERSION = 2
+"""Bumped whenever chunk boundaries or names change: part of the settings fingerprint."""
+
 _DEFINITION_KINDS: dict[str, str] = {
     "function_definition": "function", "function_declaration": "function",
     "function_item": "function", "generator_function_declaration": "function",

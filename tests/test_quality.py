@@ -1,0 +1,73 @@
+"""Evaluation harness and abstention, through the real pipeline and the real model."""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+from typing import Any
+
+from ssindex.abstain import nonsense_queries
+from ssindex.evaluate import metrics
+from ssindex.search import Searcher
+
+from .conftest import STDLIB, cli_json
+
+
+def test_metrics_on_known_rankings() -> None:
+    qrels = {"q1": {"a": 1}, "q2": {"b": 1}, "q3": {"c": 1}}
+    rankings = {"q1": ["a", "x"], "q2": ["x", "b"], "q3": ["x"] * 10 + ["c"]}
+    scores = metrics(rankings, qrels)
+    assert scores["mrr@10"] == round((1 + 0.5 + 0) / 3, 4)
+    assert scores["recall@1"] == round(1 / 3, 4)
+    assert scores["recall@10"] == round(2 / 3, 4) and scores["recall@100"] == 1.0
+
+
+def _beir(tmp_path: Path) -> Path:
+    """A small BEIR set: json/email functions as documents, their docstrings as queries."""
+    corpus, queries, qrels = [], [], ["query-id\tcorpus-id\tscore"]
+    for name in ("json/decoder.py", "json/encoder.py", "email/utils.py"):
+        tree = ast.parse((STDLIB / name).read_text())
+        lines = (STDLIB / name).read_text().split("\n")
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef):
+                doc_id = f"{name}:{node.name}"
+                corpus.append({"_id": doc_id, "text": "\n".join(
+                    lines[node.lineno - 1 : node.end_lineno])})
+                summary = (ast.get_docstring(node) or "").split("\n")[0]
+                if len(summary.split()) >= 4:
+                    queries.append({"_id": f"q-{doc_id}", "text": summary})
+                    qrels.append(f"q-{doc_id}\t{doc_id}\t1")
+    out = tmp_path / "beir"
+    out.mkdir()
+    (out / "corpus.jsonl").write_text("\n".join(json.dumps(d) for d in corpus))
+    (out / "queries.jsonl").write_text("\n".join(json.dumps(q) for q in queries))
+    (out / "qrels.tsv").write_text("\n".join(qrels))
+    return out
+
+
+def test_eval_reports_every_mode(tmp_path: Path) -> None:
+    report = cli_json("eval", str(_beir(tmp_path)), "--workdir", str(tmp_path / "work"))
+    assert report["queries"] >= 5
+    for mode in ("lexical", "semantic", "hybrid"):
+        scores = report["modes"][mode]
+        for key in ("mrr@10", "ndcg@10", "recall@1", "recall@10", "recall@100",
+                    "latency_ms_p50"):
+            assert key in scores
+        assert scores["recall@100"] >= scores["recall@10"] >= scores["recall@1"]
+    assert report["modes"]["hybrid"]["mrr@10"] >= 0.5  # docstrings find their functions
+
+
+def test_nonsense_abstains_and_real_queries_answer(
+        stdlib_index: tuple[Path, dict[str, Any]]) -> None:
+    root, _ = stdlib_index
+    searcher = Searcher(root / ".ssindex")
+    nonsense = nonsense_queries(100, seed=1)  # not the calibration set (seed 0)
+    abstained = sum(searcher.search(q, k=5).abstained for q in nonsense)
+    assert abstained >= 95
+    real = ["parse an email address", "rotate log files", "send an http request",
+            "decode json", "format a date for an email header"]
+    assert not any(searcher.search(q, k=5).abstained for q in real)
+    response = cli_json("search", nonsense[0], "--index", str(root / ".ssindex"),
+                        "--no-abstain")
+    assert response["abstained"] is False and response["results"]
