@@ -19,12 +19,12 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _corpus import model_flops_per_token, stdlib_chunk_texts  # noqa: E402
+from _corpus import model_flops_per_token, stdlib_chunk_texts
 
-from ssindex.backends.base import Encoder  # noqa: E402
-from ssindex.backends.inventory import detect  # noqa: E402
-from ssindex.backends.model import ModelSpec  # noqa: E402
-from ssindex.backends.selector import create  # noqa: E402
+from ssindex.backends.base import Encoder
+from ssindex.backends.inventory import detect
+from ssindex.backends.model import ModelSpec
+from ssindex.backends.selector import create
 
 
 def cuda_gemm_peak(size: int = 8192, repeats: int = 10) -> float:

@@ -228,5 +228,5 @@ def main() -> None:
     try:
         app()
     except SsindexError as exc:
-        err.print(f"[red]error:[/] {exc}", highlight=False)
+        err.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
         raise SystemExit(exc.exit_code) from None

@@ -196,10 +196,16 @@ class TableWriter:
         """Commit new and changed rows, delete rows not in ``row_ids`` (filled while
         ``batches`` is consumed); returns the new table version."""
         db = self.index.connect()
-        changed = self._changed(batches, previous_digests)
+        failures: list[BaseException] = []
+        changed = _remember_failure(self._changed(batches, previous_digests), failures)
         if self.previous is None or TABLE not in db.table_names():
-            table = db.create_table(TABLE, data=pa.RecordBatchReader.from_batches(
-                CHUNK_SCHEMA, changed), schema=CHUNK_SCHEMA, mode="overwrite")
+            try:
+                table = db.create_table(TABLE, data=pa.RecordBatchReader.from_batches(
+                    CHUNK_SCHEMA, changed), schema=CHUNK_SCHEMA, mode="overwrite")
+            except Exception:
+                if failures:  # Lance wraps errors raised by our batches: raise the original
+                    raise failures[0] from None
+                raise
             index_text(table)
             return int(table.version)
         table = db.open_table(TABLE)
@@ -236,6 +242,15 @@ class TableWriter:
             self.index.connect().open_table(TABLE).cleanup_old_versions(
                 older_than=timedelta(hours=1), delete_unverified=False
             )
+
+
+def _remember_failure(batches: Iterator[pa.RecordBatch],
+                      failures: list[BaseException]) -> Iterator[pa.RecordBatch]:
+    try:
+        yield from batches
+    except BaseException as exc:
+        failures.append(exc)
+        raise
 
 
 def index_text(table: Any) -> None:

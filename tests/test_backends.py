@@ -141,3 +141,19 @@ def test_onnx_and_torch_bulk_builds_rank_alike(tmp_path: Path) -> None:
         response = cli_json("search", queries[0], "--index", str(root / ".ssindex"))
         assert response["backend"]["backend"] == "onnx-cpu"
     assert tops[0] == tops[1]
+
+
+def test_calibrate_stores_winners_that_doctor_and_auto_use(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SSINDEX_CONFIG_DIR", str(tmp_path))
+    record = cli_json("calibrate")
+    assert Path(record["stored_at"]).parent == tmp_path
+    for phase in ("embed_bulk", "embed_query"):
+        assert record["phases"][phase]["backend"] in record["figures"]
+    timed = {n: f for n, f in record["figures"].items() if "error" not in f}
+    assert {"torch-cpu-fp32", "onnx-cpu"} <= timed.keys()
+    assert all(f["bulk_chunks_per_s"] > 0 and f["query_ms_p50"] > 0 for f in timed.values())
+    report = cli_json("doctor")
+    assert report["calibrated"]["embed_query"]["backend"] == record["phases"]["embed_query"][
+        "backend"]
+    assert report["phases"]["embed_query"]["reason"].startswith("calibrated winner")

@@ -30,13 +30,27 @@ def convert_coreml(model: ModelSpec, target: Path | None = None) -> Path:
         ) from exc
     import torch
 
-    from ssindex.backends.onnx_backend import _Pooled
-    from ssindex.backends.torch_backend import load_torch_model
+    from ssindex.backends.torch_backend import MPS_MASK_FILL, load_torch_model, pool
 
     target = target or cache_dir() / "coreml" / f"{model.fingerprint[:16]}-fp16.mlpackage"
     if target.exists():
         return target
-    wrapper = _Pooled(load_torch_model(model, "cpu"), model.pooling).eval()
+    inner = load_torch_model(model, "cpu")
+
+    class AdditiveMask(torch.nn.Module):
+        """The mask as a precomputed additive 4-D tensor: coremltools cannot convert the
+        mask-building ops of recent transformers, and -1e4 keeps fp16 free of NaN."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, input_ids: Any, attention_mask: Any) -> Any:
+            additive = (1.0 - attention_mask[:, None, None, :].float()) * MPS_MASK_FILL
+            hidden = self.inner(input_ids=input_ids, attention_mask=additive).last_hidden_state
+            return pool(hidden, attention_mask, model.pooling)
+
+    wrapper = AdditiveMask().eval()
     example = torch.ones((1, SEQ_BUCKETS[0]), dtype=torch.int64)
     traced = torch.jit.trace(wrapper, (example, example), strict=False)
     shapes = [(1, n) for n in SEQ_BUCKETS]
@@ -47,10 +61,10 @@ def convert_coreml(model: ModelSpec, target: Path | None = None) -> Path:
     converted = ct.convert(
         traced, inputs=inputs, outputs=[ct.TensorType(name="pooled")],
         convert_to="mlprogram", compute_precision=ct.precision.FLOAT16,
-        minimum_deployment_target=ct.target.macOS13,
+        minimum_deployment_target=ct.target.macOS15,
     )
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.tmp")
+    tmp = target.with_name(f".tmp-{target.name}")
     converted.save(str(tmp))
     tmp.rename(target)
     return target

@@ -78,6 +78,9 @@ class LazyEncoder:
         self._embedded += len(texts)
         if self._phase == "embed_query" and self._embedded > SMALL_EMBED_LIMIT:
             self._phase, self.encoder = "embed_bulk", None
+        return self.load().encode(texts)
+
+    def load(self) -> Encoder:
         if self.encoder is None:
             explicit = self._explicit if self._phase == "embed_bulk" else None
             self.selection = select(self._phase, self.model, explicit,
@@ -85,7 +88,7 @@ class LazyEncoder:
             self.encoder = Encoder(self.selection.backend, self.model,
                                    self._cfg.embed.max_tokens, self._cfg.embed.batch_tokens)
             self.encoder.stats = self.stats
-        return self.encoder.encode(texts)
+        return self.encoder
 
     def report(self) -> dict[str, Any]:
         if self.selection is None:
@@ -141,6 +144,8 @@ def build(
         previous = _previous(index, cfg, model, progress)
         encoder = LazyEncoder(model, cfg, overrides.get("embed_bulk"), progress,
                               incremental=previous is not None and previous.chunks_reusable)
+        if overrides.get("embed_bulk"):
+            encoder.load()  # an explicit backend that cannot run fails before any work
         model_key = f"{model.fingerprint}:{cfg.embed.max_tokens}"
         staging = Staging(index.path, model_key)
         if staging.load():
