@@ -38,7 +38,8 @@ class PreviousIndex:
         files = {m["path"]: (m["content_hash"], m["chunk_ids"]) for m in manifest}
         previous = cls(head, rows, files,
                        chunks_reusable=head.data["settings"]["fingerprint"] == fingerprint,
-                       vectors_reusable=head.quantization == quantization)
+                       # float32 codes are exact: any quantization can start from them
+                       vectors_reusable=head.quantization in (quantization, "none"))
         previous.position = {row_id: i for i, row_id in enumerate(rows.column("id").to_pylist())}
         return previous
 
