@@ -27,7 +27,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ssindex.lexical import terms
+from ssindex.lexical import query_terms
 
 CALIBRATION_QUERIES = 200
 _ONSETS = ["b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "gl",
@@ -53,7 +53,10 @@ class TermStats:
     total: int
 
     @classmethod
-    def from_column(cls, lex: pa.ChunkedArray | pa.Array) -> TermStats:
+    def from_columns(cls, *columns: pa.ChunkedArray) -> TermStats:
+        """Counts over the analyzed text columns (body and name, ``sym:`` tokens included)."""
+        lex = pa.chunked_array([chunk for column in columns for chunk in column.chunks],
+                               type=pa.string())
         words = pc.list_flatten(pc.utf8_split_whitespace(lex))
         counted = pc.value_counts(words)
         counts = dict(zip(counted.field("values").to_pylist(),
@@ -72,8 +75,8 @@ class TermStats:
 
     def grounding(self, query: str) -> float:
         """Summed IDF of the query's distinct terms that occur in the corpus."""
-        return sum(math.log(1 + self.total / self.counts[t]) for t in set(terms(query))
-                   if t in self.counts)
+        return sum(math.log(1 + self.total / self.counts[t])
+                   for t in set(query_terms(query).split()) if t in self.counts)
 
 
 def nonsense_queries(count: int, seed: int) -> list[str]:

@@ -202,8 +202,8 @@ def _calibrate_abstention(index: IndexDir, version: int, encoder: LazyEncoder,
     The nonsense queries' vectors depend on the model alone, so they are kept
     beside the index and a rebuild that embeds nothing never loads the model."""
     table = index.open_table(version)
-    data = scan(table, ["lex_body", "vec_codes", "vec_scale"])
-    stats = TermStats.from_column(data.column("lex_body"))
+    data = scan(table, ["lex_body", "lex_name", "vec_codes", "vec_scale"])
+    stats = TermStats.from_columns(data.column("lex_body"), data.column("lex_name"))
     terms = index.write_manifest(f"terms-v{version}.arrow", stats.to_table())
     matrix = dequantize_matrix(binary_matrix(data.column("vec_codes").combine_chunks()),
                                data.column("vec_scale").to_numpy(), encoder.quantization,
