@@ -1,0 +1,42 @@
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+
+from ssindex.report import PlainProgress, RichProgress, summary_table
+
+
+def test_rich_progress_shows_every_stage_on_a_terminal() -> None:
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=120)
+    with RichProgress(console) as progress:
+        progress.advance("walk", 3)
+        progress.advance("chunk", 10)
+        progress.advance("embed", 4)
+        progress.message("torch-cuda could not run; falling back")
+    text = out.getvalue()
+    for word in ("walk", "chunk", "embed", "4/10", "falling back"):
+        assert word in text
+
+
+def test_plain_progress_prints_lines_not_control_codes(capsys) -> None:  # type: ignore[no-untyped-def]
+    with PlainProgress(every=0) as progress:
+        progress.advance("walk", 2)
+        progress.advance("embed", 1)
+    err = capsys.readouterr().err
+    assert "progress:" in err and "\x1b" not in err and "\r" not in err
+
+
+def test_summary_table_renders_build_stats() -> None:
+    stats = {
+        "files_indexed": 2, "files_seen": 3, "files_skipped": {"binary": 1},
+        "chunks_total": 5, "chunks_embedded": 4, "chunks_deduplicated": 1, "chunks_reused": 0,
+        "chunks_truncated": 0, "quantization": "int8", "vector_bytes_per_chunk": 388,
+        "backends": {"embed_bulk": {"backend": "torch-cpu", "dtype": "fp32", "reason": "cpu"}},
+        "model": "m", "stage_seconds": {"walk": 0.1}, "wall_seconds": 1.0, "index": "/i",
+        "table_version": 3,
+    }
+    out = io.StringIO()
+    Console(file=out, width=160).print(summary_table(stats))
+    assert "2 indexed of 3 seen" in out.getvalue() and "binary 1" in out.getvalue()
