@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import random
+import shutil
 import sysconfig
 from pathlib import Path
+from typing import Any
 
 from ssindex.config import ChunkConfig, WalkConfig
 from ssindex.stages.chunk import chunk_file
@@ -30,3 +33,23 @@ def model_flops_per_token(config: dict, seq_len: float) -> float:
     inner = config.get("intermediate_size", 4 * hidden)
     weights = layers * (4 * hidden * hidden + 2 * hidden * inner)
     return 2 * weights + layers * 4 * seq_len * hidden
+
+
+def copy_stdlib(root: Path, packages: str, everything: bool) -> None:
+    """Copy the whole standard library, or the comma-separated ``packages``, to ``root``."""
+    ignore = shutil.ignore_patterns("__pycache__")
+    if everything:
+        shutil.copytree(STDLIB, root, ignore=ignore)
+        return
+    for name in packages.split(","):
+        shutil.copytree(STDLIB / name, root / name, ignore=ignore)
+
+
+def report(result: dict[str, Any], as_json: bool) -> None:
+    """One JSON object, or an aligned two-column table."""
+    if as_json:
+        print(json.dumps(result))
+        return
+    width = max(len(key) for key in result)
+    for key, value in result.items():
+        print(f"{key:<{width}}  {value}")

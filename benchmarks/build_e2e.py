@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import resource
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -22,7 +21,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _corpus import STDLIB
+from _corpus import copy_stdlib, report
 
 WINDOW = 40
 
@@ -72,12 +71,7 @@ def main() -> None:
         return
     with tempfile.TemporaryDirectory(prefix="ssindex-e2e-") as tmp:
         root = Path(tmp) / "tree"
-        if args.all:
-            shutil.copytree(STDLIB, root, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            for name in args.packages.split(","):
-                shutil.copytree(STDLIB / name, root / name,
-                                ignore=shutil.ignore_patterns("__pycache__"))
+        copy_stdlib(root, args.packages, args.all)
         ssindex_cli = str(Path(sys.executable).with_name("ssindex"))
         # peak RSS of RUSAGE_CHILDREN is a running maximum: measure the smaller run first
         naive_wall, naive_rss, naive_out = _child(
@@ -100,11 +94,7 @@ def main() -> None:
         "stage_seconds": stages,
         "non_embed_fraction_of_wall": round(non_embed / stats["wall_seconds"], 3),
     }
-    if args.json:
-        print(json.dumps(result))
-        return
-    for key, value in result.items():
-        print(f"{key:<32} {value}")
+    report(result, args.json)
 
 
 if __name__ == "__main__":

@@ -9,15 +9,13 @@ so interpreter start-up and imports are not counted for either.
 from __future__ import annotations
 
 import argparse
-import json
-import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _corpus import STDLIB
+from _corpus import copy_stdlib, report
 
 from ssindex import build
 
@@ -30,12 +28,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="ssindex-incremental-") as tmp:
         root = Path(tmp) / "tree"
-        if args.all:
-            shutil.copytree(STDLIB, root, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            for name in args.packages.split(","):
-                shutil.copytree(STDLIB / name, root / name,
-                                ignore=shutil.ignore_patterns("__pycache__"))
+        copy_stdlib(root, args.packages, args.all)
         started = time.perf_counter()
         full = build(root)
         full_s = time.perf_counter() - started
@@ -60,11 +53,7 @@ def main() -> None:
         "incremental_backend": incremental["backends"]["embed_bulk"]["backend"],
         "incremental_stage_seconds": incremental["stage_seconds"],
     }
-    if args.json:
-        print(json.dumps(result))
-        return
-    for key, value in result.items():
-        print(f"{key:<30} {value}")
+    report(result, args.json)
 
 
 if __name__ == "__main__":

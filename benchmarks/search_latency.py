@@ -11,7 +11,6 @@ semantic and lexical queries, and the wall time of cold CLI processes.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import statistics
 import subprocess
@@ -22,6 +21,9 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _corpus import report
 
 from ssindex.search import Searcher
 from ssindex.store import CHUNK_SCHEMA, IndexDir, index_text, scan
@@ -85,11 +87,7 @@ def main() -> None:
                            capture_output=True, check=True)
             colds.append(time.perf_counter() - started)
         result["cold_process_s_p50"] = round(statistics.median(colds), 2)
-    if args.json:
-        print(json.dumps(result))
-        return
-    for key, value in result.items():
-        print(f"{key:<24} {value}")
+    report(result, args.json)
 
 
 if __name__ == "__main__":
