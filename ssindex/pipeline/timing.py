@@ -33,10 +33,6 @@ class StageClock:
             self.inclusive[name] += time.perf_counter() - start
             yield item
 
-    def add(self, name: str, seconds: float) -> None:
-        self.inclusive[name] = self.inclusive.get(name, 0.0) + seconds
-        self.upstream.setdefault(name, None)
-
     def exclusive(self) -> dict[str, float]:
         out = {}
         for name, total in self.inclusive.items():
