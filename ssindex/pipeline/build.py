@@ -167,7 +167,12 @@ def build(
             "quantize", 0.0)
         manifest = index.write_manifest(
             f"v{version}.arrow", pa.Table.from_pylist(stats.manifest, schema=MANIFEST_SCHEMA))
-        terms, thresholds = _calibrate_abstention(index, version, encoder, model_key)
+        kept = previous.head.data if previous is not None else {}
+        if "terms" in kept and writer.rows_written == writer.rows_deleted == 0:
+            # same rows: the stored term counts and thresholds still hold
+            terms, thresholds = kept["terms"], Thresholds(**kept["abstention"])
+        else:
+            terms, thresholds = _calibrate_abstention(index, version, encoder, model_key)
         result = _stats(stats, encoder, model, cfg, write_seconds, writer, previous)
         result["wall_seconds"] = round(time.perf_counter() - started, 3)
         index.write_head({
