@@ -52,6 +52,15 @@ def build(
     no_progress: Annotated[bool, typer.Option("--no-progress")] = False,
     check: Annotated[bool, typer.Option(
         "--check", help="Build nothing: exit 1 if the index is stale, 0 if current.")] = False,
+    engine: Annotated[str, typer.Option(
+        "--engine", help="local (default) or ray (needs the ray extra).")] = "local",
+    ray_address: Annotated[str | None, typer.Option(
+        "--ray-address", help="Ray cluster to join (default: start a local one).")] = None,
+    embed_actors: Annotated[int | None, typer.Option(
+        "--embed-actors", min=1, help="Ray embedding actors (default: per GPU / 2 CPUs).")] = None,
+    gpus_per_actor: Annotated[float | None, typer.Option(
+        "--gpus-per-actor", min=0, help="GPUs per Ray actor (default: 1 if the cluster has GPUs).",
+    )] = None,
 ) -> None:
     """Index PATH (default index dir: PATH/.ssindex)."""
     from dataclasses import replace
@@ -59,6 +68,7 @@ def build(
     from ssindex.backends.selector import parse_overrides
     from ssindex.config import QUANTIZATIONS, load_config
     from ssindex.pipeline.build import build as run_build
+    from ssindex.pipeline.dag import RayOptions
     from ssindex.report import PlainProgress, RichProgress, summary_table
 
     cfg = load_config(config)
@@ -69,6 +79,11 @@ def build(
     if model is not None:
         cfg = replace(cfg, embed=replace(cfg.embed, model=model))
     overrides = parse_overrides(backend or [])
+    if engine not in ("local", "ray"):
+        raise ConfigError("--engine must be local or ray")
+    if engine == "local" and (ray_address or embed_actors or gpus_per_actor is not None):
+        raise ConfigError("--ray-address, --embed-actors and --gpus-per-actor need --engine ray")
+    ray = RayOptions(ray_address, embed_actors, gpus_per_actor) if engine == "ray" else None
     if check:
         from ssindex.pipeline.build import check as check_index
 
@@ -81,7 +96,7 @@ def build(
     live = err.is_terminal and not no_progress
     reporter: Any = RichProgress(err) if live else PlainProgress()
     with reporter:
-        stats = run_build(path, index, cfg, overrides, progress=reporter)
+        stats = run_build(path, index, cfg, overrides, progress=reporter, ray=ray)
     if as_json:
         _emit(stats)
     else:

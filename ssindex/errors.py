@@ -10,7 +10,8 @@ Anything else is a bug and keeps its traceback.
     ├── IndexLocked            another live builder holds the index lock
     ├── IndexNotWritable       the index directory cannot be written
     ├── BackendUnavailable     an explicitly requested backend cannot run here
-    └── BackendExecutionError  a backend started but failed while encoding
+    ├── BackendExecutionError  a backend started but failed while encoding
+    └── EngineUnavailable      the Ray engine cannot start (extra missing, cluster unreachable)
 """
 
 from __future__ import annotations
@@ -60,3 +61,9 @@ class BackendExecutionError(SsindexError):
     """An embedding backend failed while encoding."""
 
     exit_code = 6
+
+
+class EngineUnavailable(SsindexError):
+    """The requested execution engine cannot run (not installed, cluster unreachable)."""
+
+    exit_code = 7

@@ -225,6 +225,20 @@ class TableWriter:
             table.optimize()
         return int(table.version)
 
+    def commit_fragments(self, fragments: list[str]) -> int:
+        """Commit Lance fragments written by workers (JSON metadata) as one new version
+        that replaces the table; returns the version after the text indexes."""
+        import lance
+        from lance.fragment import FragmentMetadata
+
+        uri = str(self.index.db_path / f"{TABLE}.lance")
+        operation = lance.LanceOperation.Overwrite(
+            CHUNK_SCHEMA, [FragmentMetadata.from_json(f) for f in fragments])
+        lance.LanceDataset.commit(uri, operation)
+        table = self.index.connect().open_table(TABLE)
+        index_text(table)
+        return int(table.version)
+
     def _changed(self, batches: Iterable[pa.RecordBatch],
                  previous: dict[str, str]) -> Iterator[pa.RecordBatch]:
         for batch in batches:

@@ -18,7 +18,7 @@ from ssindex.backends.selector import Selection, select
 from ssindex.config import BuildConfig, Quantization, settings_fingerprint_fields
 from ssindex.errors import IndexCorrupt
 from ssindex.lock import BuildLock
-from ssindex.pipeline.dag import STAGES, BuildPlan
+from ssindex.pipeline.dag import STAGES, BuildPlan, RayOptions
 from ssindex.pipeline.local import RunStats, run_local
 from ssindex.pipeline.previous import PreviousIndex, stale_reasons
 from ssindex.pipeline.progress import Progress, SilentProgress
@@ -130,8 +130,11 @@ def build(
     config: BuildConfig | None = None,
     backend_overrides: dict[str, str] | None = None,
     progress: Progress | None = None,
+    ray: RayOptions | None = None,
 ) -> dict[str, Any]:
-    """Index ``root`` into ``index_path`` (default ``root/.ssindex``); returns build stats."""
+    """Index ``root`` into ``index_path`` (default ``root/.ssindex``); returns build stats.
+
+    ``ray`` runs the stages on a Ray cluster instead of this process (``ray_engine``)."""
     started = time.perf_counter()
     cfg = config or BuildConfig()
     progress = progress or SilentProgress()
@@ -142,9 +145,13 @@ def build(
     with BuildLock(index.path, warn=progress.message):
         model = ModelSpec.resolve(cfg.embed.model)
         previous = _previous(index, cfg, model, progress)
-        encoder = LazyEncoder(model, cfg, overrides.get("embed_bulk"), progress,
-                              incremental=previous is not None and previous.chunks_reusable)
-        if overrides.get("embed_bulk"):
+        explicit = overrides.get("embed_bulk")
+        # under Ray the actors embed; this process only embeds abstention probes, on the
+        # query backend, and the actors' hardware may not be this machine's
+        encoder = LazyEncoder(model, cfg, None if ray else explicit, progress,
+                              incremental=ray is not None or (
+                                  previous is not None and previous.chunks_reusable))
+        if explicit and not ray:
             encoder.load()  # an explicit backend that cannot run fails before any work
         model_key = f"{model.fingerprint}:{cfg.embed.max_tokens}"
         staging = Staging(index.path, model_key)
@@ -161,10 +168,20 @@ def build(
         stats = RunStats()
         writer = TableWriter(index, previous.head if previous else None)
         write_started = time.perf_counter()
-        version = writer.write(run_local(plan, stats, progress),
-                               previous.digests if previous else {}, stats.row_ids)
-        write_seconds = time.perf_counter() - write_started - stats.clock.inclusive.get(
-            "quantize", 0.0)
+        encode: EncodeStats | None
+        if ray is not None:
+            from ssindex.pipeline.ray_engine import run_ray
+
+            version, backend, encode = run_ray(plan, stats, progress, writer, previous, explicit,
+                                               model, ray)
+            write_seconds = stats.clock.inclusive["write"]
+        else:
+            version = writer.write(run_local(plan, stats, progress),
+                                   previous.digests if previous else {}, stats.row_ids)
+            write_seconds = time.perf_counter() - write_started - stats.clock.inclusive.get(
+                "quantize", 0.0)
+            backend = encoder.report()
+            encode = encoder.stats if encoder.selection is not None else None
         manifest = index.write_manifest(
             f"v{version}.arrow", pa.Table.from_pylist(stats.manifest, schema=MANIFEST_SCHEMA))
         kept = previous.head.data if previous is not None else {}
@@ -173,7 +190,8 @@ def build(
             terms, thresholds = kept["terms"], Thresholds(**kept["abstention"])
         else:
             terms, thresholds = _calibrate_abstention(index, version, encoder, model_key)
-        result = _stats(stats, encoder, model, cfg, write_seconds, writer, previous)
+        result = _stats(stats, encode, backend, model, cfg, write_seconds, writer, previous)
+        result["engine"] = "ray" if ray is not None else "local"
         result["wall_seconds"] = round(time.perf_counter() - started, 3)
         index.write_head({
             "format_version": FORMAT_VERSION,
@@ -228,12 +246,11 @@ def _calibrate_abstention(index: IndexDir, version: int, encoder: LazyEncoder,
     return terms, calibrate(stats, matrix, embed)
 
 
-def _stats(stats: RunStats, encoder: LazyEncoder, model: ModelSpec, cfg: BuildConfig,
-           write_seconds: float, writer: TableWriter, previous: PreviousIndex | None,
-           ) -> dict[str, Any]:
+def _stats(stats: RunStats, encode: EncodeStats | None, backend: dict[str, Any],
+           model: ModelSpec, cfg: BuildConfig, write_seconds: float, writer: TableWriter,
+           previous: PreviousIndex | None) -> dict[str, Any]:
     seconds = stats.clock.exclusive()
     seconds["write"] = round(max(write_seconds, 0.0), 3)
-    encode = encoder.stats if encoder.selection is not None else None
     known = previous.files if previous is not None else {}
     paths = {entry["path"] for entry in stats.manifest}
     return {
@@ -259,7 +276,7 @@ def _stats(stats: RunStats, encoder: LazyEncoder, model: ModelSpec, cfg: BuildCo
         "rows_written": writer.rows_written,
         "rows_deleted": writer.rows_deleted,
         "stage_seconds": {stage: seconds.get(stage, 0.0) for stage in STAGES},
-        "backends": {"embed_bulk": encoder.report()},
+        "backends": {"embed_bulk": backend},
         "model": model.model_id,
         "quantization": cfg.quantization,
         "vector_bytes_per_chunk": bytes_per_vector(cfg.quantization, model.dim),

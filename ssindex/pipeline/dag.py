@@ -1,6 +1,6 @@
 """The build as data: which stages run, in which order, with which settings.
 
-Engines (``local``; ``ray`` is planned) turn a ``BuildPlan`` into execution.
+Engines (``local``, ``ray``) turn a ``BuildPlan`` into execution.
 Stages never import an engine.
 """
 
@@ -35,3 +35,16 @@ class BuildPlan:
     """Receives freshly embedded vectors as they are made."""
     batch_chunks: int = 256
     """Chunks per batch between dedupe and write."""
+
+
+@dataclass(frozen=True)
+class RayOptions:
+    address: str | None = None
+    """An existing cluster (``ray://host:10001``, ``auto``); ``None`` starts a local one."""
+    embed_actors: int | None = None
+    """Embedding actors; default: one per GPU, else one per two CPUs."""
+    gpus_per_actor: float | None = None
+    """GPUs each actor holds; default: 1 when the cluster has GPUs, else CPU actors."""
+    files_per_block: int = 64
+    """Files per chunking task: the unit Ray schedules, retries and shuffles."""
+    rows_per_embed_batch: int = 256

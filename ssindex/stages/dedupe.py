@@ -18,6 +18,12 @@ permutations) find pairs at Jaccard 0.9 with probability > 0.999.
 
 State grows with the exemplars: one hash entry, 16 band keys and a 512-byte
 signature each; 1M chunks cost about 1 GiB.
+
+Distributed engines split the same decision in two: ``bucket_pairs`` runs
+where an LSH bucket's members meet (a group-by on band key across workers),
+and ``resolve_duplicates`` replays the streaming verdicts over the sparse
+candidate pairs in path order, so a cluster reaches the local engine's
+verdicts exactly.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import xxhash
@@ -150,3 +157,51 @@ def dedupe(
     for batch in batches:
         deduper.classify(batch, stats)
         yield batch
+
+
+class Candidate(NamedTuple):
+    """An earlier chunk (by path order) that a later one may duplicate."""
+
+    later: int
+    earlier: int
+    earlier_id: str
+    similarity: float
+
+
+def bucket_pairs(ordinals: np.ndarray, ids: list[str], signatures: np.ndarray,
+                 threshold: float) -> list[Candidate]:
+    """The pairs of one LSH bucket whose estimated Jaccard similarity reaches ``threshold``."""
+    order = np.argsort(ordinals, kind="stable")
+    pairs: list[Candidate] = []
+    for rank in range(1, len(order)):
+        later = order[rank]
+        earlier = order[:rank]
+        similarity = np.mean(signatures[earlier] == signatures[later], axis=1)
+        for index in np.flatnonzero(similarity >= threshold):
+            pairs.append(Candidate(int(ordinals[later]), int(ordinals[earlier[index]]),
+                                   ids[earlier[index]], float(similarity[index])))
+    return pairs
+
+
+def resolve_duplicates(exact: dict[int, tuple[int, str]], candidates: Iterable[Candidate],
+                       stats: DedupeStats) -> dict[int, str]:
+    """``dup_of`` by chunk ordinal, as the streaming ``Deduper`` decides it.
+
+    ``exact`` maps a chunk to the first chunk with its normalized hash (the only
+    one of the group that took part in LSH); ``candidates`` are the LSH pairs of
+    those first chunks. A chunk duplicates its most similar earlier candidate that
+    is itself an exemplar (ties: the earliest), so verdicts are replayed in order."""
+    by_later: dict[int, dict[int, tuple[float, str]]] = {}
+    for pair in candidates:
+        by_later.setdefault(pair.later, {})[pair.earlier] = (pair.similarity, pair.earlier_id)
+    dup_of: dict[int, str] = {}
+    for later in sorted(by_later):
+        exemplars = [(similarity, -earlier, earlier_id) for earlier, (similarity, earlier_id)
+                     in by_later[later].items() if earlier not in dup_of]
+        if exemplars:
+            dup_of[later] = max(exemplars)[2]
+            stats.near += 1
+    for later, (first, first_id) in exact.items():
+        dup_of[later] = dup_of.get(first, first_id)
+        stats.exact += 1
+    return dup_of
