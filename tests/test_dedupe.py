@@ -1,9 +1,20 @@
 from __future__ import annotations
 
-from ssindex.config import DedupeConfig
+import numpy as np
+
+from ssindex.config import ChunkConfig, DedupeConfig, WalkConfig
 from ssindex.rows import Chunk, IndexedChunk
-from ssindex.stages.chunk import chunk_id, normalized_hash
-from ssindex.stages.dedupe import DedupeStats, dedupe
+from ssindex.stages.chunk import chunk_file, chunk_id, normalized_hash
+from ssindex.stages.dedupe import (
+    DedupeStats,
+    Signer,
+    band_keys,
+    bucket_pairs,
+    dedupe,
+    resolve_duplicates,
+    rows_per_band,
+)
+from ssindex.stages.walk import WalkStats, walk
 
 from .conftest import STDLIB
 
@@ -59,3 +70,45 @@ def test_band_keys_match_only_equal_bands() -> None:
     assert keys.shape == (2, 16)
     assert keys[0, 0] != keys[1, 0] and np.array_equal(keys[0, 1:], keys[1, 1:])
     assert len(set(keys[0].tolist())) == 16
+
+
+def test_bucket_replay_reaches_the_streaming_verdicts() -> None:
+    """The distributed form (LSH buckets anywhere, then a replay in path order) must
+    equal the streaming deduper on real code with chains of near and exact copies."""
+    cfg = DedupeConfig()
+    chunks = [c for source in walk(STDLIB / "json", WalkConfig(), WalkStats())
+              for c in chunk_file(source, ChunkConfig())[0]]
+    # a near copy of a near copy (the second must match the first exemplar, not chain),
+    # an exact copy of a near copy, and whitespace-only copies
+    base = max(chunks, key=lambda c: len(c.text)).text
+    near = base.replace("self", "this", 1)
+    nearer = near.replace("self", "this", 1)
+    extra = [_chunk("z1.py", near), _chunk("z2.py", nearer), _chunk("z3.py", near + "\n"),
+             _chunk("z4.py", base.replace("    ", "\t"))]
+    chunks += extra
+    expected, stats = _verdicts(chunks)
+
+    sign = Signer(cfg)
+    signatures = [sign(c.text) for c in chunks]
+    first: dict[str, int] = {}
+    exact = {}
+    for ordinal, c in enumerate(chunks):
+        earlier = first.setdefault(c.content_hash, ordinal)
+        if earlier != ordinal:
+            exact[ordinal] = (earlier, chunks[earlier].id)
+    buckets: dict[int, list[int]] = {}
+    signed = [i for i in first.values() if signatures[i] is not None]
+    matrix = np.stack([np.frombuffer(signatures[i] or b"", np.uint32) for i in signed])
+    for i, keys in zip(signed, band_keys(matrix, rows_per_band(cfg.near_threshold,
+                                                                cfg.num_perm)), strict=True):
+        for key in keys.tolist():
+            buckets.setdefault(key, []).append(i)
+    pairs = [pair for members in buckets.values() for pair in bucket_pairs(
+        np.array(members[::-1]), [chunks[i].id for i in members[::-1]],
+        np.stack([np.frombuffer(signatures[i] or b"", np.uint32) for i in members[::-1]]),
+        cfg.near_threshold)]
+    replay_stats = DedupeStats()
+    verdicts = resolve_duplicates(exact, pairs, replay_stats)
+    assert [verdicts.get(i) for i in range(len(chunks))] == expected
+    assert (replay_stats.exact, replay_stats.near) == (stats.exact, stats.near)
+    assert stats.near >= 2 and stats.exact >= 2
