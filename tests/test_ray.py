@@ -20,7 +20,7 @@ from ssindex.pipeline.dag import RayOptions
 from ssindex.stages.quantize import dequantize_matrix
 from ssindex.store import IndexDir, binary_matrix, scan
 
-from .conftest import STDLIB, copy_stdlib
+from .conftest import STDLIB, copy_stdlib, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -179,3 +179,16 @@ def test_a_killed_embedding_actor_is_restarted_and_the_result_is_identical(
     assert after_kill, "no replacement actor was started"
     _assert_same_rows(built["base"] / "local", tmp_path / "index")
     assert result["stats"]["chunks_embedded"] == built["local"]["chunks_embedded"]
+
+
+def test_an_explicit_backend_the_actors_lack_fails_closed(tmp_path: Path) -> None:
+    root = tmp_path / "tree"
+    root.mkdir()
+    shutil.copy(STDLIB / "json" / "tool.py", root)
+    result = run_cli("build", str(root), "--engine", "ray", "--backend", "embed_bulk=torch-cuda",
+                     "--no-progress", check=False)
+    assert result.returncode == 6, result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("error: torch-cuda:")
+    assert not (root / ".ssindex" / "HEAD.json").exists()
+    usage = run_cli("build", str(root), "--embed-actors", "2", check=False)
+    assert usage.returncode == 2 and "need --engine ray" in usage.stderr

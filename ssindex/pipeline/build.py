@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from pathlib import Path
@@ -142,7 +143,7 @@ def build(
     root = check_root(Path(root))
     index = IndexDir(index_path or default_index_path(root))
     index.ensure_writable()
-    with BuildLock(index.path, warn=progress.message):
+    with _cluster(ray), BuildLock(index.path, warn=progress.message):
         model = ModelSpec.resolve(cfg.embed.model)
         previous = _previous(index, cfg, model, progress)
         explicit = overrides.get("embed_bulk")
@@ -216,6 +217,16 @@ def build(
     result["index"] = str(index.path)
     result["table_version"] = version
     return result
+
+
+def _cluster(ray: RayOptions | None) -> contextlib.AbstractContextManager[Any]:
+    """The Ray cluster of a Ray build, joined before LanceDB starts its threads (Ray forks
+    helper processes); nothing for a local build."""
+    if ray is None:
+        return contextlib.nullcontext()
+    from ssindex.pipeline.ray_engine import ray_cluster
+
+    return ray_cluster(ray)
 
 
 def _calibrate_abstention(index: IndexDir, version: int, encoder: LazyEncoder,

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import asdict
@@ -34,6 +35,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import xxhash
 
+from ssindex import errors
 from ssindex.backends.base import Encoder, EncodeStats
 from ssindex.backends.model import ModelSpec
 from ssindex.backends.selector import select
@@ -308,7 +310,7 @@ def run_ray(plan: BuildPlan, stats: RunStats, progress: Progress, writer: TableW
     with ray_cluster(options) as ray:
         context = ray.data.DataContext.get_current()
         context.print_on_execution_start = False
-        logging.getLogger("ray.data").setLevel(logging.WARNING)
+        logging.getLogger("ray.data").setLevel(logging.ERROR)
         try:
             return _Run(ray, plan, stats, progress, previous, model, options).execute(
                 writer, explicit)
@@ -318,15 +320,19 @@ def run_ray(plan: BuildPlan, stats: RunStats, progress: Progress, writer: TableW
 
 def _user_error(exc: BaseException) -> SsindexError | None:
     """The ssindex error (an explicit backend that cannot run on an actor, say) that a
-    Ray task or actor raised, unwrapped so the CLI reports it in one line."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        if isinstance(current, SsindexError):
-            return current
-        seen.add(id(current))
-        current = getattr(current, "cause", None) or current.__cause__
+    Ray task raised, rebuilt so the CLI reports it in one line. Ray Data keeps only the
+    remote traceback's text, so the error is read back from its last line."""
+    found = _REMOTE_ERROR.findall(str(exc))
+    if not found:
+        return None
+    name, message = found[-1]
+    kind = getattr(errors, name, None)
+    if isinstance(kind, type) and issubclass(kind, SsindexError):
+        return kind(message)
     return None
+
+
+_REMOTE_ERROR = re.compile(r"ssindex\.errors\.(\w+): (.+)")
 
 
 class _Run:
