@@ -23,7 +23,8 @@ app = typer.Typer(
 )
 err = Console(stderr=True)
 
-IndexOpt = Annotated[Path | None, typer.Option("--index", help="Index directory.")]
+IndexOpt = Annotated[str | None, typer.Option(
+    "--index", help="Index directory, or an object-store URI (s3://bucket/prefix).")]
 BackendOpt = Annotated[list[str] | None, typer.Option(
     "--backend", help="PHASE=NAME, repeatable (phases: embed_bulk, embed_query).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object to stdout.")]
@@ -33,10 +34,12 @@ def _emit(data: dict[str, Any]) -> None:
     sys.stdout.write(json.dumps(data, ensure_ascii=False) + "\n")
 
 
-def _index_for(index: Path | None, fallback_root: Path = Path(".")) -> Path:
+def _index_for(index: str | None, fallback_root: Path = Path(".")) -> Path:
+    """The local index to read: ``--index`` (a remote one pulled first), else the default."""
     from ssindex.pipeline.build import default_index_path
+    from ssindex.remote import resolve_index
 
-    return index if index is not None else default_index_path(fallback_root)
+    return resolve_index(index) if index is not None else default_index_path(fallback_root)
 
 
 @app.command()

@@ -7,10 +7,10 @@ and keeps its query backend warm, so repeated searches pay only for the query.
 
 from __future__ import annotations
 
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,6 +24,7 @@ from ssindex.config import SEARCH_MODES
 from ssindex.errors import ConfigError, IndexCorrupt
 from ssindex.fusion import Hit, fuse, lexical_weight
 from ssindex.lexical import query_terms
+from ssindex.remote import resolve_index
 from ssindex.stages.quantize import dequantize_matrix
 from ssindex.store import IndexDir, binary_matrix, scan, take
 
@@ -53,8 +54,8 @@ class SearchResponse:
 class Searcher:
     """Queries one committed version of an index."""
 
-    def __init__(self, index_path: Path, backend: str | None = None) -> None:
-        self.index = IndexDir(index_path)
+    def __init__(self, index_path: str | os.PathLike[str], backend: str | None = None) -> None:
+        self.index = IndexDir(resolve_index(index_path))
         self.head = self.index.read_head()
         self.table = self.index.open_table(self.head.table_version)
         self._backend_choice = backend

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from ssindex.pipeline.local import RunStats, run_local
 from ssindex.pipeline.previous import PreviousIndex, stale_reasons
 from ssindex.pipeline.progress import Progress, SilentProgress
 from ssindex.pipeline.staging import Staging
+from ssindex.remote import RemoteIndex, is_remote, resolve_index
 from ssindex.stages.quantize import bytes_per_vector, dequantize_matrix
 from ssindex.stages.walk import WalkStats, check_root, walk
 from ssindex.store import (
@@ -114,12 +116,12 @@ def _previous(index: IndexDir, cfg: BuildConfig, model: ModelSpec,
         return None
 
 
-def check(root: Path, index_path: Path | None = None,
+def check(root: Path, index_path: str | os.PathLike[str] | None = None,
           config: BuildConfig | None = None) -> list[str]:
     """Why the index is stale against the tree at ``root``; empty when it is current."""
     cfg = config or BuildConfig()
     root = check_root(Path(root))
-    index = IndexDir(index_path or default_index_path(root))
+    index = IndexDir(resolve_index(index_path) if index_path else default_index_path(root))
     previous = _previous(index, cfg, ModelSpec.resolve(cfg.embed.model), SilentProgress())
     files = {f.path: f.content_hash for f in walk(root, cfg.walk, WalkStats(), index.path)}
     return stale_reasons(previous, files)
@@ -127,7 +129,7 @@ def check(root: Path, index_path: Path | None = None,
 
 def build(
     root: Path,
-    index_path: Path | None = None,
+    index_path: str | os.PathLike[str] | None = None,
     config: BuildConfig | None = None,
     backend_overrides: dict[str, str] | None = None,
     progress: Progress | None = None,
@@ -135,13 +137,20 @@ def build(
 ) -> dict[str, Any]:
     """Index ``root`` into ``index_path`` (default ``root/.ssindex``); returns build stats.
 
-    ``ray`` runs the stages on a Ray cluster instead of this process (``ray_engine``)."""
+    ``ray`` runs the stages on a Ray cluster instead of this process (``ray_engine``).
+    ``index_path`` may be an object-store URI (``s3://bucket/prefix``): the build runs
+    against a local mirror, then uploads it (``ssindex.remote``)."""
+    if index_path is not None and is_remote(index_path):
+        remote = RemoteIndex(str(index_path))
+        result = build(root, remote.pull(), config, backend_overrides, progress, ray)
+        remote.push()
+        return result | {"index": remote.uri}
     started = time.perf_counter()
     cfg = config or BuildConfig()
     progress = progress or SilentProgress()
     overrides = dict(cfg.backends) | (backend_overrides or {})
     root = check_root(Path(root))
-    index = IndexDir(index_path or default_index_path(root))
+    index = IndexDir(Path(index_path) if index_path else default_index_path(root))
     index.ensure_writable()
     with _cluster(ray), BuildLock(index.path, warn=progress.message):
         model = ModelSpec.resolve(cfg.embed.model)
