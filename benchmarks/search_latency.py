@@ -25,8 +25,9 @@ import pyarrow.compute as pc
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _corpus import report
 
+from ssindex.bm25 import Postings
 from ssindex.search import Searcher
-from ssindex.store import CHUNK_SCHEMA, IndexDir, index_text, scan
+from ssindex.store import CHUNK_SCHEMA, IndexDir, scan
 
 QUERIES = ["parse a json document", "read a file line by line", "open a network socket",
            "sort a list of dictionaries by key", "format a date as a string",
@@ -51,8 +52,10 @@ def replicate(source: Path, target: Path, rows: int) -> int:
     grown = pa.concat_tables(copies).slice(0, rows)
     db = index.connect()
     fresh = db.create_table("chunks", grown, schema=CHUNK_SCHEMA, mode="overwrite")
-    index_text(fresh)
-    data = dict(head.data, table_version=fresh.version, chunks=grown.num_rows)
+    rows = scan(fresh, ["lex_body", "lex_name"], with_row_id=True)
+    postings = index.write_manifest(f"postings-v{fresh.version}.arrow",
+                                    Postings.of_rows(rows).to_table())
+    data = dict(head.data, table_version=fresh.version, chunks=grown.num_rows, postings=postings)
     index.write_head(data)
     return grown.num_rows
 
@@ -67,7 +70,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="ssindex-latency-") as tmp:
         index = Path(tmp) / "index"
         rows = replicate(args.index, index, args.rows)
-        searcher = Searcher(index)
+        searcher = Searcher(index).warm()
         searcher.search("warm up", k=10)
         result: dict[str, object] = {"rows": rows}
         for mode in ("hybrid", "semantic", "lexical"):

@@ -9,10 +9,24 @@ import os
 
 os.environ.setdefault("LANCE_LOG", "error")
 
+from typing import Any
+
 from ssindex.config import BuildConfig, load_config
 from ssindex.errors import SsindexError
-from ssindex.pipeline.build import build
-from ssindex.search import Searcher, SearchResponse
 
 __all__ = ["BuildConfig", "SearchResponse", "Searcher", "SsindexError", "build", "load_config"]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    """``build`` and the search API load on first use: a search process never imports
+    the build pipeline (datasketch, tree-sitter), which would add a second to its start."""
+    if name == "build":
+        from ssindex.pipeline.build import build
+
+        return build
+    if name in ("Searcher", "SearchResponse"):
+        from ssindex import search
+
+        return getattr(search, name)
+    raise AttributeError(f"module 'ssindex' has no attribute {name!r}")

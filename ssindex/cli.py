@@ -36,8 +36,8 @@ def _emit(data: dict[str, Any]) -> None:
 
 def _index_for(index: str | None, fallback_root: Path = Path(".")) -> Path:
     """The local index to read: ``--index`` (a remote one pulled first), else the default."""
-    from ssindex.pipeline.build import default_index_path
     from ssindex.remote import resolve_index
+    from ssindex.store import default_index_path
 
     return resolve_index(index) if index is not None else default_index_path(fallback_root)
 

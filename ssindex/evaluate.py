@@ -160,7 +160,7 @@ def evaluate(directory: Path, modes: list[str], config: BuildConfig | None = Non
         if not index.exists() and float_index.exists():
             shutil.copytree(float_index, index)  # exact float32 vectors: nothing re-embedded
         stats = build(tree, index, cfg)
-        searcher = Searcher(index)
+        searcher = Searcher(index).warm()
         id_queries, id_qrels = dataset.identifier_queries()
         report: dict[str, Any] = {
             "dataset": str(directory), "documents": len(dataset.corpus),

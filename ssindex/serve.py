@@ -55,8 +55,7 @@ class WarmSearcher:
         return data
 
     def _open(self) -> Searcher:
-        searcher = Searcher(self.index_path, self.backend)
-        searcher.search("warmup", k=1)
+        searcher = Searcher(self.index_path, self.backend).warm()
         return searcher
 
     def _stamp(self) -> tuple[int, int]:

@@ -4,11 +4,12 @@ Layout of an index directory::
 
     HEAD.json        the committed state: table version, model, settings, stats
     db/chunks.lance  every row ever committed, versioned by Lance
-    manifests/       one Arrow IPC file manifest per committed build
+    manifests/       per committed version, Arrow IPC files: the build manifest,
+                     term statistics and BM25 postings (``ssindex.bm25``)
     lock             advisory builder lock (see ``ssindex.lock``)
 
-A build commits to Lance as many times as it needs (rows, deletions, the
-full-text index), then replaces ``HEAD.json`` atomically. Readers open the
+A build commits to Lance as many times as it needs (rows, deletions,
+compaction), then replaces ``HEAD.json`` atomically. Readers open the
 table *at the version HEAD names*, so they see the previous build or the new
 one, never a mix, and never wait for a builder. A build that dies before
 replacing HEAD leaves it pointing at the old, intact version; the next build
@@ -206,7 +207,6 @@ class TableWriter:
                 if failures:  # Lance wraps errors raised by our batches: raise the original
                     raise failures[0] from None
                 raise
-            index_text(table)
             return int(table.version)
         table = db.open_table(TABLE)
         if table.version != self.previous.table_version:
@@ -235,9 +235,7 @@ class TableWriter:
         operation = lance.LanceOperation.Overwrite(
             CHUNK_SCHEMA, [FragmentMetadata.from_json(f) for f in fragments])
         lance.LanceDataset.commit(uri, operation)
-        table = self.index.connect().open_table(TABLE)
-        index_text(table)
-        return int(table.version)
+        return int(self.index.connect().open_table(TABLE).version)
 
     def _changed(self, batches: Iterable[pa.RecordBatch],
                  previous: dict[str, str]) -> Iterator[pa.RecordBatch]:
@@ -265,16 +263,6 @@ def _remember_failure(batches: Iterator[pa.RecordBatch],
     except BaseException as exc:
         failures.append(exc)
         raise
-
-
-def index_text(table: Any) -> None:
-    """(Re)build the full-text indexes of the lexical leg over the analyzed columns."""
-    for column in ("lex_body", "lex_name"):
-        table.create_fts_index(
-            column, replace=True, base_tokenizer="whitespace", lower_case=True, stem=False,
-            remove_stop_words=False, ascii_folding=True, with_position=False,
-            max_token_length=None,
-        )
 
 
 def scan(table: Any, columns: list[str], where: str | None = None,
@@ -316,6 +304,10 @@ def status_data(index_path: Path) -> dict[str, Any]:
         "index_version": FORMAT_VERSION, "table_version": head["table_version"],
         "built_at": head["built_at"], "root": head["root"],
     }
+
+
+def default_index_path(root: Path) -> Path:
+    return Path(root) / ".ssindex"
 
 
 def now_iso() -> str:

@@ -124,6 +124,9 @@ def _session(path: Path, provider: str) -> Any:
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.intra_op_num_threads = os.cpu_count() or 1
     options.log_severity_level = 3
+    # idle threads sleep instead of spinning after a run: a search computes scores right
+    # after embedding its query, and spinning threads would take the cores it needs
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     wanted = PROVIDERS[provider]
     providers = [wanted] if provider == "cpu" else [wanted, "CPUExecutionProvider"]
     session = ort.InferenceSession(str(path), sess_options=options, providers=providers)

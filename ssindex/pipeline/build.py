@@ -17,6 +17,7 @@ from ssindex.abstain import TermStats, Thresholds, calibrate
 from ssindex.backends.base import Encoder, EncodeStats
 from ssindex.backends.model import ModelSpec
 from ssindex.backends.selector import Selection, select
+from ssindex.bm25 import Postings
 from ssindex.config import BuildConfig, Quantization, settings_fingerprint_fields
 from ssindex.errors import IndexCorrupt
 from ssindex.lock import BuildLock
@@ -34,13 +35,10 @@ from ssindex.store import (
     IndexDir,
     TableWriter,
     binary_matrix,
+    default_index_path,
     now_iso,
     scan,
 )
-
-
-def default_index_path(root: Path) -> Path:
-    return Path(root) / ".ssindex"
 
 
 def settings_fingerprint(cfg: BuildConfig, model: ModelSpec) -> str:
@@ -195,11 +193,12 @@ def build(
         manifest = index.write_manifest(
             f"v{version}.arrow", pa.Table.from_pylist(stats.manifest, schema=MANIFEST_SCHEMA))
         kept = previous.head.data if previous is not None else {}
-        if "terms" in kept and writer.rows_written == writer.rows_deleted == 0:
-            # same rows: the stored term counts and thresholds still hold
-            terms, thresholds = kept["terms"], Thresholds(**kept["abstention"])
+        if "postings" in kept and writer.rows_written == writer.rows_deleted == 0:
+            # same rows: the stored term counts, postings and thresholds still hold
+            terms, postings = kept["terms"], kept["postings"]
+            thresholds = Thresholds(**kept["abstention"])
         else:
-            terms, thresholds = _calibrate_abstention(index, version, encoder, model_key)
+            terms, postings, thresholds = _text_statistics(index, version, encoder, model_key)
         result = _stats(stats, encode, backend, model, cfg, write_seconds, writer, previous)
         result["engine"] = "ray" if ray is not None else "local"
         result["wall_seconds"] = round(time.perf_counter() - started, 3)
@@ -216,6 +215,7 @@ def build(
             "settings": {"fingerprint": settings_fingerprint(cfg, model),
                          "config": dataclasses.asdict(cfg)},
             "terms": terms,
+            "postings": postings,
             "abstention": thresholds.as_json(),
             "files": result["files_indexed"],
             "chunks": result["chunks_total"],
@@ -238,16 +238,19 @@ def _cluster(ray: RayOptions | None) -> contextlib.AbstractContextManager[Any]:
     return ray_cluster(ray)
 
 
-def _calibrate_abstention(index: IndexDir, version: int, encoder: LazyEncoder,
-                          model_key: str) -> tuple[str, Thresholds]:
-    """Term statistics of the committed rows, and abstention thresholds for them.
+def _text_statistics(index: IndexDir, version: int, encoder: LazyEncoder,
+                     model_key: str) -> tuple[str, str, Thresholds]:
+    """Term statistics and BM25 postings of the committed rows (manifest names), and
+    abstention thresholds for them. Postings address rows by their rank in row-id order.
 
     The nonsense queries' vectors depend on the model alone, so they are kept
     beside the index and a rebuild that embeds nothing never loads the model."""
     table = index.open_table(version)
-    data = scan(table, ["lex_body", "lex_name", "vec_codes", "vec_scale"])
+    data = scan(table, ["lex_body", "lex_name", "vec_codes", "vec_scale"], with_row_id=True)
     stats = TermStats.from_columns(data.column("lex_body"), data.column("lex_name"))
     terms = index.write_manifest(f"terms-v{version}.arrow", stats.to_table())
+    postings = index.write_manifest(f"postings-v{version}.arrow", Postings.of_rows(
+        data.select(["lex_body", "lex_name", "_rowid"])).to_table())
     matrix = dequantize_matrix(binary_matrix(data.column("vec_codes").combine_chunks()),
                                data.column("vec_scale").to_numpy(), encoder.quantization,
                                encoder.model.dim)
@@ -263,7 +266,7 @@ def _calibrate_abstention(index: IndexDir, version: int, encoder: LazyEncoder,
             list(vectors), type=pa.list_(pa.float32()))}))
         return vectors
 
-    return terms, calibrate(stats, matrix, embed)
+    return terms, postings, calibrate(stats, matrix, embed)
 
 
 def _stats(stats: RunStats, encode: EncodeStats | None, backend: dict[str, Any],
