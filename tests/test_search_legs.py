@@ -1,0 +1,74 @@
+"""The hand-written parts of the search path against their plain definitions: BM25
+postings against a direct computation, and the sign-bit shortlist against an exact scan."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from ssindex import search
+from ssindex.bm25 import FIELD_BOOSTS, K1, B, Postings
+from ssindex.lexical import analyze
+
+from .conftest import STDLIB
+
+
+def _bm25(docs: list[list[str]], query: list[str]) -> list[float]:
+    """Textbook BM25 of each doc for ``query`` (one field)."""
+    size = len(docs)
+    average = sum(map(len, docs)) / size
+    scores = []
+    for doc in docs:
+        total = 0.0
+        for term in query:
+            df = sum(1 for d in docs if term in d)
+            tf = doc.count(term)
+            if tf:
+                idf = math.log(1 + (size - df + 0.5) / (df + 0.5))
+                total += idf * tf * (K1 + 1) / (tf + K1 * (1 - B + B * len(doc) / average))
+        scores.append(total)
+    return scores
+
+
+def test_postings_score_like_textbook_bm25_over_both_fields() -> None:
+    bodies = [analyze((STDLIB / "json" / name).read_text()) for name in
+              ("decoder.py", "encoder.py", "scanner.py", "tool.py", "__init__.py")]
+    names = ["decoder json", "encoder json", "scanner json", "tool json", "json init"]
+    postings = Postings.build([pa.array(bodies), pa.array(names)])
+    restored = Postings.from_table(postings.to_table(), len(bodies))
+    for query in (["decode", "json", "string"], ["encoder"], ["scanner", "scanner", "py"],
+                  ["no_such_term"]):
+        body = _bm25([b.split() for b in bodies], query)
+        name = _bm25([n.split() for n in names], query)
+        expected = [FIELD_BOOSTS[0] * x + FIELD_BOOSTS[1] * y for x, y in zip(body, name,
+                                                                               strict=True)]
+        assert np.allclose(restored.scores(query), expected, rtol=1e-5)
+        docs, scores = restored.top(query, 3)
+        assert list(docs) == sorted(range(5), key=lambda d: -expected[d])[:len(docs)]
+        assert all(s > 0 for s in scores)
+
+
+def test_sign_bit_shortlist_keeps_the_exact_top_hits(
+        stdlib_index: tuple[Path, dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> None:
+    root, _ = stdlib_index
+    queries = ["parse an email address", "decode json from a string", "send an http request",
+               "rotate log files by size", "quote a header value", "handle a redirect",
+               "format a log record", "encode a python object", "read a cookie",
+               "base64 encode a message body"]
+    exact = search.Searcher(root / ".ssindex")
+    expected = {q: [h.row_id for h in exact.semantic(q, 10)] for q in queries}
+    monkeypatch.setattr(search, "PREFILTER_ROWS", 100)
+    monkeypatch.setattr(search, "SHORTLIST", 300)
+    shortlisted = search.Searcher(root / ".ssindex")
+    overlap = []
+    for query in queries:
+        got = [h.row_id for h in shortlisted.semantic(query, 10)]
+        assert got[0] == expected[query][0], query
+        overlap.append(len(set(got) & set(expected[query])) / 10)
+    assert np.mean(overlap) >= 0.9
+    assert len(shortlisted._vectors()[0]) > 3 * 300  # the shortlist really was a subset
