@@ -25,8 +25,8 @@ import pyarrow.compute as pc
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _corpus import report
 
-from ssindex.bm25 import Postings
 from ssindex.search import Searcher
+from ssindex.snapshot import write_search_files
 from ssindex.store import CHUNK_SCHEMA, IndexDir, scan
 
 QUERIES = ["parse a json document", "read a file line by line", "open a network socket",
@@ -52,10 +52,8 @@ def replicate(source: Path, target: Path, rows: int) -> int:
     grown = pa.concat_tables(copies).slice(0, rows)
     db = index.connect()
     fresh = db.create_table("chunks", grown, schema=CHUNK_SCHEMA, mode="overwrite")
-    rows = scan(fresh, ["lex_body", "lex_name"], with_row_id=True)
-    postings = index.write_manifest(f"postings-v{fresh.version}.arrow",
-                                    Postings.of_rows(rows).to_table())
-    data = dict(head.data, table_version=fresh.version, chunks=grown.num_rows, postings=postings)
+    files, _, _ = write_search_files(index, fresh.version)
+    data = dict(head.data, table_version=fresh.version, chunks=grown.num_rows, **files)
     index.write_head(data)
     return grown.num_rows
 

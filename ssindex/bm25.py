@@ -57,13 +57,6 @@ class Postings:
                    np.concatenate(docs)[order].astype(np.int32),
                    np.concatenate(impacts)[order].astype(np.float32), size)
 
-    @classmethod
-    def of_rows(cls, rows: pa.Table) -> Postings:
-        """Postings of a scan with ``lex_body``, ``lex_name`` and ``_rowid``: documents are
-        the rows' ranks in row-id order, which any scan of the same version reproduces."""
-        ordered = rows.take(np.argsort(rows.column("_rowid").to_numpy(), kind="stable"))
-        return cls.build([ordered.column("lex_body"), ordered.column("lex_name")])
-
     def to_table(self) -> pa.Table:
         """One row per term: its postings as lists (the list offsets are ``offsets``)."""
         offsets = pa.array(self.offsets, pa.int64())

@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 
 from ssindex.abstain import TermStats, Thresholds
 from ssindex.backends.base import Encoder
@@ -35,12 +34,12 @@ from ssindex.fusion import Hit, fuse, lexical_weight
 from ssindex.lexical import query_terms
 from ssindex.remote import resolve_index
 from ssindex.stages.quantize import dequantize_matrix
-from ssindex.store import IndexDir, binary_matrix, scan, take
+from ssindex.store import IndexDir, binary_matrix
 
 CANDIDATES = 100
+"""Depth of each leg's ranking before fusion."""
 PREFILTER_ROWS = 20_000
 SHORTLIST = 2_000
-"""Depth of each leg's ranking before fusion."""
 _META = ["path", "start_line", "end_line", "language", "symbol", "kind"]
 
 
@@ -63,23 +62,24 @@ class SearchResponse:
 
 
 class Searcher:
-    """Queries one committed version of an index."""
+    """Queries one committed version of an index, through its search files
+    (``ssindex.snapshot``); a ``Hit``'s ``row_id`` is the row's position in them."""
 
     def __init__(self, index_path: str | os.PathLike[str], backend: str | None = None) -> None:
         self.index = IndexDir(resolve_index(index_path))
         self.head = self.index.read_head()
-        self.table = self.index.open_table(self.head.table_version)
+        if "snapshot" not in self.head.data:
+            raise IndexCorrupt(f"the index at {self.index.path} predates search files: run "
+                               "`ssindex build` once more (nothing is re-embedded)")
+        self.rows = self.index.read_manifest(self.head.data["snapshot"], mmap=True)
+        """Every row in row-id order: metadata, text and vector codes (memory-mapped)."""
         self._backend_choice = backend
         self._selection: Selection | None = None
         self._encoder: Encoder | None = None
-        self._row_ids: np.ndarray | None = None
         self._matrix: np.ndarray | None = None
         self._terms: TermStats | None = None
         self._postings: Postings | None = None
-        self._row_ids_sorted: np.ndarray | None = None
         self._signs: np.ndarray | None = None
-        self._rows: pa.Table | None = None
-        """Every row's metadata and text, in row-id order (``warm``)."""
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ssindex-lexical")
 
     # -- the legs -------------------------------------------------------------------------
@@ -88,27 +88,26 @@ class Searcher:
         if not terms:
             return []
         docs, scores = self.postings.top(terms, limit)
-        row_ids = self._sorted_row_ids()
-        return [Hit(int(row_ids[d]), float(s)) for d, s in zip(docs, scores, strict=True)]
+        return [Hit(int(d), float(s)) for d, s in zip(docs, scores, strict=True)]
 
     def semantic(self, query: str, limit: int = CANDIDATES) -> list[Hit]:
-        row_ids, matrix = self._vectors()
-        if len(row_ids) == 0:
+        matrix = self._vectors()
+        if len(matrix) == 0:
             return []
         vector = self.embed_query(query)
-        if len(row_ids) >= PREFILTER_ROWS:
+        if len(matrix) >= PREFILTER_ROWS:
             rows = self._shortlist(vector)
             scores = matrix[rows] @ vector
         else:
-            rows, scores = np.arange(len(row_ids)), matrix @ vector
+            rows, scores = np.arange(len(matrix)), matrix @ vector
         top = np.argpartition(-scores, min(limit, len(scores) - 1))[:limit]
         top = top[np.argsort(-scores[top], kind="stable")]
-        return [Hit(int(row_ids[rows[i]]), float(scores[i])) for i in top]
+        return [Hit(int(rows[i]), float(scores[i])) for i in top]
 
     def _shortlist(self, vector: np.ndarray) -> np.ndarray:
         """Rows whose sign bits are nearest ``vector``'s (Hamming distance)."""
         if self._signs is None:  # one uint64 row per 64 dimensions, so each pass is a vector op
-            self._signs = np.ascontiguousarray(_sign_words(self._vectors()[1]).T)
+            self._signs = np.ascontiguousarray(_sign_words(self._vectors()).T)
         query = _sign_words(vector[None, :])[0]
         distance = np.bitwise_count(self._signs[0] ^ query[0])
         for word in range(1, len(query)):
@@ -120,13 +119,10 @@ class Searcher:
 
     # -- public ---------------------------------------------------------------------------
     def warm(self) -> Searcher:
-        """Load everything a search needs now, for long-lived searchers (a server): the
-        query backend, vectors, postings, and the rows' metadata and text in memory,
-        which a one-off search reads from Lance only for its ``k`` hits instead."""
+        """Load everything a search needs now (query backend, vectors, postings, term
+        statistics), so that a long-lived searcher's first request is as fast as the rest."""
         self.search("warm up", k=1, abstain=False)
         self.term_stats  # noqa: B018 (loads the abstention statistics)
-        data = scan(self.table, [*_META, "text"], with_row_id=True)
-        self._rows = data.take(np.argsort(data.column("_rowid").to_numpy(), kind="stable"))
         return self
 
     def search(self, query: str, k: int = 10, mode: str = "hybrid",
@@ -180,13 +176,9 @@ class Searcher:
 
     @property
     def postings(self) -> Postings:
-        """BM25 postings of this version, as the build stored them (computed here for
-        indexes built before postings were stored)."""
         if self._postings is None:
-            size = len(self._sorted_row_ids())
-            name = self.head.data.get("postings")
-            self._postings = Postings.from_table(self.index.read_manifest(name), size) if name \
-                else Postings.of_rows(scan(self.table, ["lex_body", "lex_name"], with_row_id=True))
+            self._postings = Postings.from_table(
+                self.index.read_manifest(self.head.data["postings"], mmap=True), len(self.rows))
         return self._postings
 
     @property
@@ -204,30 +196,20 @@ class Searcher:
         return self._encoder
 
     # -- internals ------------------------------------------------------------------------
-    def _vectors(self) -> tuple[np.ndarray, np.ndarray]:
-        if self._row_ids is None or self._matrix is None:
-            data = scan(self.table, ["vec_codes", "vec_scale"], with_row_id=True)
-            self._row_ids = data.column("_rowid").to_numpy()
+    def _vectors(self) -> np.ndarray:
+        """Every row's vector, dequantized into one float32 matrix."""
+        if self._matrix is None:
             self._matrix = dequantize_matrix(
-                binary_matrix(data.column("vec_codes").combine_chunks()),
-                data.column("vec_scale").to_numpy(), self.head.quantization,  # type: ignore[arg-type]
+                binary_matrix(self.rows.column("vec_codes").combine_chunks()),
+                self.rows.column("vec_scale").to_numpy(), self.head.quantization,  # type: ignore[arg-type]
                 self.head.dim,
             )
-        return self._row_ids, self._matrix
-
-    def _sorted_row_ids(self) -> np.ndarray:
-        if self._row_ids_sorted is None:
-            self._row_ids_sorted = np.sort(self._vectors()[0])
-        return self._row_ids_sorted
+        return self._matrix
 
     def _fetch(self, hits: list[Hit]) -> list[dict[str, Any]]:
         if not hits:
             return []
-        row_ids = [h.row_id for h in hits]
-        if self._rows is not None:
-            rows = self._rows.take(np.searchsorted(self._sorted_row_ids(), row_ids)).to_pylist()
-        else:
-            rows = take(self.table, row_ids, [*_META, "text"])
+        rows = self.rows.select([*_META, "text"]).take([h.row_id for h in hits]).to_pylist()
         return [{**row, "score": round(hit.score, 6)} for row, hit in zip(rows, hits, strict=True)]
 
 

@@ -4,14 +4,15 @@ Layout of an index directory::
 
     HEAD.json        the committed state: table version, model, settings, stats
     db/chunks.lance  every row ever committed, versioned by Lance
-    manifests/       per committed version, Arrow IPC files: the build manifest,
-                     term statistics and BM25 postings (``ssindex.bm25``)
+    manifests/       per committed version, Arrow IPC files: the build manifest
+                     and the search files (``ssindex.snapshot``)
     lock             advisory builder lock (see ``ssindex.lock``)
 
 A build commits to Lance as many times as it needs (rows, deletions,
-compaction), then replaces ``HEAD.json`` atomically. Readers open the
-table *at the version HEAD names*, so they see the previous build or the new
-one, never a mix, and never wait for a builder. A build that dies before
+compaction), writes that version's manifests, then replaces ``HEAD.json``
+atomically. Readers open the files *of the version HEAD names* (a build, the
+Lance table at that version; a search, its search files), so they see the
+previous build or the new one, never a mix, and never wait for a builder. A build that dies before
 replacing HEAD leaves it pointing at the old, intact version; the next build
 restores that version before writing.
 """
@@ -21,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import tempfile
 import time
 from collections.abc import Iterable, Iterator
@@ -37,6 +39,7 @@ from ssindex.errors import IndexCorrupt, IndexNotFound, IndexNotWritable
 
 FORMAT_VERSION = 1
 TABLE = "chunks"
+_VERSIONED = re.compile(r"(?:v|terms-v|postings-v|search-v)(\d+)\.arrow")
 HEAD = "HEAD.json"
 
 CHUNK_SCHEMA = pa.schema([
@@ -176,10 +179,23 @@ class IndexDir:
         atomic_write_bytes(self.path / "manifests" / name, sink.getvalue().to_pybytes())
         return name
 
-    def read_manifest(self, name: str) -> pa.Table:
+    def prune_manifests(self, keep: set[str], min_age_s: float = 3600) -> None:
+        """Delete per-version manifests not named in ``keep`` once they are older than
+        ``min_age_s`` (as Lance keeps old versions an hour, for pinned readers)."""
+        cutoff = time.time() - min_age_s
+        for path in (self.path / "manifests").glob("*.arrow"):
+            if (_VERSIONED.fullmatch(path.name) and path.name not in keep
+                    and path.stat().st_mtime < cutoff):
+                path.unlink(missing_ok=True)
+
+    def read_manifest(self, name: str, mmap: bool = False) -> pa.Table:
+        """A manifest, read into memory, or memory-mapped (pages load as they are used)."""
         import pyarrow.ipc as ipc
 
-        with ipc.open_file(str(self.path / "manifests" / name)) as reader:
+        path = str(self.path / "manifests" / name)
+        if mmap:
+            return ipc.open_file(pa.memory_map(path)).read_all()
+        with ipc.open_file(path) as reader:
             return reader.read_all()
 
 
@@ -274,13 +290,6 @@ def scan(table: Any, columns: list[str], where: str | None = None,
     if with_row_id:
         query = query.with_row_id(True)
     return query.limit(None).to_arrow()
-
-
-def take(table: Any, row_ids: list[int], columns: list[str]) -> list[dict[str, Any]]:
-    """Rows by Lance row id, in the order asked."""
-    data = table.take_row_ids(row_ids).select(columns).with_row_id().to_arrow().to_pylist()
-    by_id = {row.pop("_rowid"): row for row in data}
-    return [by_id[row_id] for row_id in row_ids]
 
 
 def binary_matrix(column: pa.Array) -> np.ndarray:

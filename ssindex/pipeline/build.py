@@ -13,11 +13,10 @@ import numpy as np
 import pyarrow as pa
 import xxhash
 
-from ssindex.abstain import TermStats, Thresholds, calibrate
+from ssindex.abstain import Thresholds, calibrate
 from ssindex.backends.base import Encoder, EncodeStats
 from ssindex.backends.model import ModelSpec
 from ssindex.backends.selector import Selection, select
-from ssindex.bm25 import Postings
 from ssindex.config import BuildConfig, Quantization, settings_fingerprint_fields
 from ssindex.errors import IndexCorrupt
 from ssindex.lock import BuildLock
@@ -27,6 +26,7 @@ from ssindex.pipeline.previous import PreviousIndex, stale_reasons
 from ssindex.pipeline.progress import Progress, SilentProgress
 from ssindex.pipeline.staging import Staging
 from ssindex.remote import RemoteIndex, is_remote, resolve_index
+from ssindex.snapshot import write_search_files
 from ssindex.stages.quantize import bytes_per_vector, dequantize_matrix
 from ssindex.stages.walk import WalkStats, check_root, walk
 from ssindex.store import (
@@ -37,7 +37,6 @@ from ssindex.store import (
     binary_matrix,
     default_index_path,
     now_iso,
-    scan,
 )
 
 
@@ -193,12 +192,12 @@ def build(
         manifest = index.write_manifest(
             f"v{version}.arrow", pa.Table.from_pylist(stats.manifest, schema=MANIFEST_SCHEMA))
         kept = previous.head.data if previous is not None else {}
-        if "postings" in kept and writer.rows_written == writer.rows_deleted == 0:
-            # same rows: the stored term counts, postings and thresholds still hold
-            terms, postings = kept["terms"], kept["postings"]
+        if "snapshot" in kept and writer.rows_written == writer.rows_deleted == 0:
+            # same rows: the search files and thresholds of the previous build still hold
+            files = {name: kept[name] for name in _HEAD_FILES[1:]}
             thresholds = Thresholds(**kept["abstention"])
         else:
-            terms, postings, thresholds = _text_statistics(index, version, encoder, model_key)
+            files, thresholds = _search_files(index, version, encoder, model_key)
         result = _stats(stats, encode, backend, model, cfg, write_seconds, writer, previous)
         result["engine"] = "ray" if ray is not None else "local"
         result["wall_seconds"] = round(time.perf_counter() - started, 3)
@@ -214,14 +213,17 @@ def build(
             "quantization": cfg.quantization,
             "settings": {"fingerprint": settings_fingerprint(cfg, model),
                          "config": dataclasses.asdict(cfg)},
-            "terms": terms,
-            "postings": postings,
+            **files,
             "abstention": thresholds.as_json(),
             "files": result["files_indexed"],
             "chunks": result["chunks_total"],
             "stats": result,
         })
         writer.cleanup()
+        # readers may still be pinned to the previous head: its files stay too
+        heads = [kept, {"manifest": manifest, **files}]
+        index.prune_manifests(keep={head[key] for head in heads for key in _HEAD_FILES
+                                    if key in head})
         staging.clear()
     result["index"] = str(index.path)
     result["table_version"] = version
@@ -238,19 +240,18 @@ def _cluster(ray: RayOptions | None) -> contextlib.AbstractContextManager[Any]:
     return ray_cluster(ray)
 
 
-def _text_statistics(index: IndexDir, version: int, encoder: LazyEncoder,
-                     model_key: str) -> tuple[str, str, Thresholds]:
-    """Term statistics and BM25 postings of the committed rows (manifest names), and
-    abstention thresholds for them. Postings address rows by their rank in row-id order.
+_HEAD_FILES = ("manifest", "terms", "postings", "snapshot")
+"""Keys of ``HEAD.json`` that name per-version manifests."""
+
+
+def _search_files(index: IndexDir, version: int, encoder: LazyEncoder,
+                  model_key: str) -> tuple[dict[str, str], Thresholds]:
+    """The search files of the committed version (``ssindex.snapshot``), and abstention
+    thresholds calibrated on its rows.
 
     The nonsense queries' vectors depend on the model alone, so they are kept
     beside the index and a rebuild that embeds nothing never loads the model."""
-    table = index.open_table(version)
-    data = scan(table, ["lex_body", "lex_name", "vec_codes", "vec_scale"], with_row_id=True)
-    stats = TermStats.from_columns(data.column("lex_body"), data.column("lex_name"))
-    terms = index.write_manifest(f"terms-v{version}.arrow", stats.to_table())
-    postings = index.write_manifest(f"postings-v{version}.arrow", Postings.of_rows(
-        data.select(["lex_body", "lex_name", "_rowid"])).to_table())
+    files, data, stats = write_search_files(index, version)
     matrix = dequantize_matrix(binary_matrix(data.column("vec_codes").combine_chunks()),
                                data.column("vec_scale").to_numpy(), encoder.quantization,
                                encoder.model.dim)
@@ -266,7 +267,7 @@ def _text_statistics(index: IndexDir, version: int, encoder: LazyEncoder,
             list(vectors), type=pa.list_(pa.float32()))}))
         return vectors
 
-    return terms, postings, calibrate(stats, matrix, embed)
+    return files, calibrate(stats, matrix, embed)
 
 
 def _stats(stats: RunStats, encode: EncodeStats | None, backend: dict[str, Any],
