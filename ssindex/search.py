@@ -1,14 +1,14 @@
 """Search an index: lexical (BM25 over identifier-aware terms), semantic, hybrid.
 
-A ``Searcher`` pins the version ``HEAD.json`` names when it opens, loads the
-stored vectors once (dequantized into one float32 matrix) and the build's BM25
-postings, and keeps its query backend warm, so repeated searches pay only for
-the query.
+A ``Searcher`` pins the version ``HEAD.json`` names when it opens, memory-maps
+its search files (``ssindex.snapshot``), loads the build's BM25 postings, and
+keeps its query backend warm, so repeated searches pay only for the query.
 
 The dense leg scans exactly below ``PREFILTER_ROWS`` chunks. Above, the scan is
 memory-bound (150 MB of float32 at 100k chunks: ~13 ms on 2 cores), so one sign
 bit per dimension picks a shortlist of ``SHORTLIST`` chunks by Hamming distance
-(~3 ms), which is then scored exactly. On 200 CoSQA queries against a 100k-chunk
+(~3 ms; the bits are read from the stored codes), and only the shortlist is
+dequantized and scored exactly. On 200 CoSQA queries against a 100k-chunk
 index the shortlist kept the exact top 10 every time and 99.8% of the top 100.
 """
 
@@ -33,7 +33,7 @@ from ssindex.errors import ConfigError, IndexCorrupt
 from ssindex.fusion import Hit, fuse, lexical_weight
 from ssindex.lexical import query_terms
 from ssindex.remote import resolve_index
-from ssindex.stages.quantize import dequantize_matrix
+from ssindex.stages.quantize import dequantize_matrix, positive_mask
 from ssindex.store import IndexDir, binary_matrix
 
 CANDIDATES = 100
@@ -77,6 +77,7 @@ class Searcher:
         self._selection: Selection | None = None
         self._encoder: Encoder | None = None
         self._matrix: np.ndarray | None = None
+        self._stored: tuple[np.ndarray, np.ndarray] | None = None
         self._terms: TermStats | None = None
         self._postings: Postings | None = None
         self._signs: np.ndarray | None = None
@@ -91,15 +92,17 @@ class Searcher:
         return [Hit(int(d), float(s)) for d, s in zip(docs, scores, strict=True)]
 
     def semantic(self, query: str, limit: int = CANDIDATES) -> list[Hit]:
-        matrix = self._vectors()
-        if len(matrix) == 0:
+        if len(self.rows) == 0:
             return []
         vector = self.embed_query(query)
-        if len(matrix) >= PREFILTER_ROWS:
+        if len(self.rows) >= PREFILTER_ROWS:
             rows = self._shortlist(vector)
-            scores = matrix[rows] @ vector
+            codes, scales = self._codes()
+            scores = dequantize_matrix(codes[rows], scales[rows], self.head.quantization,  # type: ignore[arg-type]
+                                       self.head.dim) @ vector
         else:
-            rows, scores = np.arange(len(matrix)), matrix @ vector
+            rows = np.arange(len(self.rows))
+            scores = self._vectors() @ vector
         top = np.argpartition(-scores, min(limit, len(scores) - 1))[:limit]
         top = top[np.argsort(-scores[top], kind="stable")]
         return [Hit(int(rows[i]), float(scores[i])) for i in top]
@@ -107,8 +110,10 @@ class Searcher:
     def _shortlist(self, vector: np.ndarray) -> np.ndarray:
         """Rows whose sign bits are nearest ``vector``'s (Hamming distance)."""
         if self._signs is None:  # one uint64 row per 64 dimensions, so each pass is a vector op
-            self._signs = np.ascontiguousarray(_sign_words(self._vectors()).T)
-        query = _sign_words(vector[None, :])[0]
+            positive = positive_mask(self._codes()[0], self.head.quantization,  # type: ignore[arg-type]
+                                     self.head.dim)
+            self._signs = np.ascontiguousarray(_sign_words(positive).T)
+        query = _sign_words(vector[None, :] > 0)[0]
         distance = np.bitwise_count(self._signs[0] ^ query[0])
         for word in range(1, len(query)):
             distance += np.bitwise_count(self._signs[word] ^ query[word])
@@ -196,14 +201,19 @@ class Searcher:
         return self._encoder
 
     # -- internals ------------------------------------------------------------------------
+    def _codes(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every row's vector codes (a view of the memory-mapped snapshot) and scales."""
+        if self._stored is None:
+            self._stored = (binary_matrix(self.rows.column("vec_codes").combine_chunks()),
+                            self.rows.column("vec_scale").to_numpy())
+        return self._stored
+
     def _vectors(self) -> np.ndarray:
-        """Every row's vector, dequantized into one float32 matrix."""
+        """Every row's vector, dequantized into one float32 matrix (for exact scans of
+        indexes below ``PREFILTER_ROWS``; larger ones dequantize their shortlist only)."""
         if self._matrix is None:
-            self._matrix = dequantize_matrix(
-                binary_matrix(self.rows.column("vec_codes").combine_chunks()),
-                self.rows.column("vec_scale").to_numpy(), self.head.quantization,  # type: ignore[arg-type]
-                self.head.dim,
-            )
+            self._matrix = dequantize_matrix(*self._codes(), self.head.quantization,  # type: ignore[arg-type]
+                                             self.head.dim)
         return self._matrix
 
     def _fetch(self, hits: list[Hit]) -> list[dict[str, Any]]:
@@ -213,8 +223,8 @@ class Searcher:
         return [{**row, "score": round(hit.score, 6)} for row, hit in zip(rows, hits, strict=True)]
 
 
-def _sign_words(matrix: np.ndarray) -> np.ndarray:
+def _sign_words(positive: np.ndarray) -> np.ndarray:
     """Each row's sign bits packed into uint64 words (zero-padded to whole words)."""
-    packed = np.packbits(matrix > 0, axis=1)
+    packed = np.packbits(positive, axis=1)
     padded = np.pad(packed, ((0, 0), (0, -packed.shape[1] % 8)))
     return padded.view(np.uint64)

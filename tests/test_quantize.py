@@ -3,7 +3,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ssindex.stages.quantize import bytes_per_vector, dequantize_matrix, quantize_matrix
+from ssindex.stages.quantize import (
+    bytes_per_vector,
+    dequantize_matrix,
+    positive_mask,
+    quantize_matrix,
+)
 
 
 @pytest.mark.parametrize(("method", "min_cosine"), [("none", 0.999999), ("int8", 0.999),
@@ -32,3 +37,12 @@ def test_requantizing_dequantized_codes_is_exact() -> None:
 def test_zero_vector_does_not_divide_by_zero() -> None:
     codes, scales = quantize_matrix(np.zeros((1, 8), np.float32), "int8")
     assert np.all(np.isfinite(dequantize_matrix(codes, scales, "int8", 8)))
+
+
+@pytest.mark.parametrize("method", ["none", "int8", "int4"])
+@pytest.mark.parametrize("dim", [384, 383])
+def test_signs_read_from_codes_match_the_dequantized_vectors(method: str, dim: int) -> None:
+    vectors = np.random.default_rng(3).standard_normal((50, dim)).astype(np.float32)
+    codes, scales = quantize_matrix(vectors, method)  # type: ignore[arg-type]
+    expected = dequantize_matrix(codes, scales, method, dim) > 0  # type: ignore[arg-type]
+    assert np.array_equal(positive_mask(codes, method, dim), expected)  # type: ignore[arg-type]

@@ -71,4 +71,4 @@ def test_sign_bit_shortlist_keeps_the_exact_top_hits(
         assert got[0] == expected[query][0], query
         overlap.append(len(set(got) & set(expected[query])) / 10)
     assert np.mean(overlap) >= 0.9
-    assert len(shortlisted._vectors()) > 3 * 300  # the shortlist really was a subset
+    assert len(shortlisted.rows) > 3 * 300  # the shortlist really was a subset

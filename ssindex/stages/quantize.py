@@ -60,6 +60,18 @@ def dequantize_matrix(
     return values * scales[:, None]
 
 
+def positive_mask(codes: np.ndarray, method: Quantization, dim: int) -> np.ndarray:
+    """Which components of each stored vector are positive, read from the codes alone
+    (scales are positive, so a code's sign is its value's)."""
+    if method == "none":
+        return np.ascontiguousarray(codes).view(np.float32).reshape(len(codes), dim) > 0
+    if method == "int8":
+        return codes.view(np.int8) > 0
+    positive = np.empty((len(codes), codes.shape[1] * 2), bool)
+    positive[:, 0::2], positive[:, 1::2] = (codes >> 4) > 8, (codes & 0x0F) > 8
+    return positive[:, :dim]
+
+
 def quantize(
     batches: Iterable[list[IndexedChunk]], method: Quantization
 ) -> Iterator[tuple[list[IndexedChunk], np.ndarray, np.ndarray]]:
