@@ -112,6 +112,7 @@ def _field_postings(column: pa.ChunkedArray | pa.Array, size: int, boost: float,
     term, doc = pairs // size, pairs % size
     df = np.bincount(term, minlength=len(encoded.dictionary))
     idf = np.log1p((size - df + 0.5) / (df + 0.5))
-    norm = K1 * (1 - B + B * lengths[doc] / max(lengths.mean(), 1e-9))
+    average = max(float(lengths.mean()), 1e-9) if size else 1.0
+    norm = K1 * (1 - B + B * lengths[doc] / average)
     impact = boost * idf[term] * tf * (K1 + 1) / (tf + norm)
     return encoded.dictionary, term, doc, impact

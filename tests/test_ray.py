@@ -17,6 +17,7 @@ import pytest
 
 from ssindex.pipeline.build import build
 from ssindex.pipeline.dag import RayOptions
+from ssindex.search import Searcher
 from ssindex.stages.quantize import dequantize_matrix
 from ssindex.store import IndexDir, binary_matrix, scan
 
@@ -133,6 +134,17 @@ def test_incremental_ray_build_equals_clean_local_build(built: dict[str, Any],
     assert stats["chunks_embedded"] < built["ray"]["chunks_embedded"] // 2
     build(root, tmp_path / "clean")
     _assert_same_rows(tmp_path / "clean", tmp_path / "index")
+    again = build(root, tmp_path / "index", ray=RayOptions(files_per_block=2))
+    assert (again["rows_written"], again["rows_deleted"], again["chunks_embedded"]) == (0, 0, 0)
+    _assert_same_rows(tmp_path / "clean", tmp_path / "index")
+
+
+def test_an_empty_tree_builds_an_empty_index(cluster: Any, tmp_path: Path) -> None:
+    (tmp_path / "tree").mkdir()
+    (tmp_path / "tree" / "blank.py").write_text("\n\n   \n")
+    stats = build(tmp_path / "tree", tmp_path / "index", ray=RayOptions())
+    assert stats["chunks_total"] == 0 and stats["engine"] == "ray"
+    assert not Searcher(tmp_path / "index").search("anything", abstain=False).results
 
 
 def _embed_actor_pids() -> dict[int, str]:

@@ -356,8 +356,12 @@ class _Run:
         started = self._timed("walk", started)
         rows = self._chunk(files)
         started = self._timed("chunk", started)
+        if self.stats.chunk.chunks == 0:  # an empty tree: nothing to shuffle or embed
+            return self._write_nothing(writer, started, "no chunks")
         rows, needed = self._dedupe(rows, stored)
         started = self._timed("dedupe", started)
+        if rows is None:  # every file unchanged, every verdict kept
+            return self._write_nothing(writer, started, "every vector reused")
         embedded, backends = self._embed(rows, explicit)
         started = self._timed("embed", started)
         records = embedded.union(self._copy_duplicates(rows, embedded, needed))
@@ -371,6 +375,14 @@ class _Run:
         return version, {"engine": "ray", "embed_actors": actors[0],
                          "cpus_per_actor": actors[1], "gpus_per_actor": actors[2],
                          "backend": sorted(backends), "reason": "chosen on each actor"}, self.encode
+
+    def _write_nothing(self, writer: TableWriter, started: float, reason: str,
+                       ) -> tuple[int, dict[str, Any], EncodeStats]:
+        """Commit no new rows (deleting those of removed files) without starting actors."""
+        version = writer.write(iter(()), self.previous.digests if self.previous else {},
+                               self.stats.row_ids)
+        self._timed("write", started)
+        return version, {"engine": "ray", "backend": [], "reason": reason}, self.encode
 
     def _walk(self) -> tuple[list[pa.Table], list[dict[str, Any]]]:
         """Blocks of changed files to send out; unchanged files' stored rows stay here."""
@@ -398,7 +410,8 @@ class _Run:
             blocks.append(pa.Table.from_pylist(block, schema=_FILE_BLOCK))
         return blocks, stored
 
-    def _chunk(self, blocks: list[pa.Table]) -> Any:
+    def _chunk(self, blocks: list[pa.Table]) -> Any | None:
+        """Chunk rows of the changed files (``None`` when no file changed)."""
         data = self.ray.data
         manifest = self.stats.manifest
         if blocks:
@@ -413,22 +426,26 @@ class _Run:
                                                  strict=True):
                     manifest[ordinal]["chunk_ids"] = ids
                     self.stats.chunk.chunkers[chunker] += 1
-            rows = files.map_batches(explode_chunks, batch_format="pyarrow", batch_size=None)
-        else:
-            rows = data.from_arrow([CHUNK_ROW.empty_table()])
+            rows = files.map_batches(explode_chunks, batch_format="pyarrow",
+                                     batch_size=None).materialize()
+        else:  # no empty dataset: Ray's shuffle would meet its schema-less blocks
+            rows = None
         self.stats.chunk.files = len(manifest)
         self.stats.chunk.chunks = sum(len(entry["chunk_ids"]) for entry in manifest)
         self.stats.row_ids.update(i for entry in manifest for i in entry["chunk_ids"])
         self.progress.advance("chunk", self.stats.chunk.chunks)
-        return rows.materialize()
+        return rows
 
-    def _dedupe(self, rows: Any, stored: list[dict[str, Any]]) -> tuple[Any, set[str]]:
-        """Rows to write with their verdicts, and the exemplars whose codes they copy."""
+    def _dedupe(self, rows: Any | None, stored: list[dict[str, Any]],
+                ) -> tuple[Any | None, set[str]]:
+        """Rows to write with their verdicts (``None`` when there are none), and the
+        exemplars whose codes they copy."""
         data, cfg = self.ray.data, self.cfg.dedupe
-        participants = rows.select_columns(_PARTICIPANT_COLUMNS)
+        parts = [rows.select_columns(_PARTICIPANT_COLUMNS)] if rows is not None else []
         if stored:
-            participants = participants.union(data.from_arrow(pa.Table.from_pylist(
+            parts.append(data.from_arrow(pa.Table.from_pylist(
                 stored, schema=CHUNK_ROW).select(_PARTICIPANT_COLUMNS)))
+        participants = _union(parts)
         partitions = max(2, int(self.ray.cluster_resources().get("CPU", 1)))
         found = participants.map_batches(
             dedupe_keys, batch_format="pyarrow", batch_size=None,
@@ -445,18 +462,20 @@ class _Run:
                 else:
                     pairs.append(Candidate(later, earlier, earlier_id, similarity))
         verdicts = resolve_duplicates(exact, pairs, self.stats.dedupe)
-        rows = rows.map_batches(attach_verdicts, batch_format="pyarrow", batch_size=None,
-                                fn_kwargs={"verdicts": verdicts})
-        moved = [{**r, "dup_of": verdicts.get(r["ordinal"])} for r in stored
-                 if verdicts.get(r["ordinal"]) != r["dup_of"]]
-        if moved:  # an unchanged file whose duplicate verdict moved is written again
-            rows = rows.union(data.from_arrow(pa.Table.from_pylist(moved, schema=CHUNK_ROW)))
-        rows = rows.materialize()
-        needed = {v for b in rows.select_columns(["dup_of"]).iter_batches(
-            batch_format="pyarrow", batch_size=None) for v in b["dup_of"].to_pylist() if v}
         # unchanged exemplars keep their stored vectors: reused, as the local engine counts them
         self.stats.embed.reused = sum(1 for r in stored if r["dup_of"] is None
                                       and r["ordinal"] not in verdicts)
+        parts = [rows.map_batches(attach_verdicts, batch_format="pyarrow", batch_size=None,
+                                  fn_kwargs={"verdicts": verdicts})] if rows is not None else []
+        moved = [{**r, "dup_of": verdicts.get(r["ordinal"])} for r in stored
+                 if verdicts.get(r["ordinal"]) != r["dup_of"]]
+        if moved:  # an unchanged file whose duplicate verdict moved is written again
+            parts.append(data.from_arrow(pa.Table.from_pylist(moved, schema=CHUNK_ROW)))
+        if not parts:
+            return None, set()
+        rows = _union(parts).materialize()
+        needed = {v for b in rows.select_columns(["dup_of"]).iter_batches(
+            batch_format="pyarrow", batch_size=None) for v in b["dup_of"].to_pylist() if v}
         return rows, needed
 
     def _actors(self) -> tuple[int, float, float]:
@@ -524,6 +543,10 @@ class _Run:
                                       fn_kwargs={"uri": uri}).take_all()
         writer.rows_written = sum(row["rows"] for row in written)
         return writer.commit_fragments([row["fragment"] for row in written])
+
+
+def _union(datasets: list[Any]) -> Any:
+    return datasets[0].union(*datasets[1:]) if len(datasets) > 1 else datasets[0]
 
 
 def _record_batches(records: Any) -> Iterator[pa.RecordBatch]:
