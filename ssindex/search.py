@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,7 +33,7 @@ from ssindex.fusion import Hit, fuse, lexical_weight
 from ssindex.lexical import query_terms
 from ssindex.remote import resolve_index
 from ssindex.stages.quantize import dequantize_matrix, positive_mask
-from ssindex.store import IndexDir, binary_matrix
+from ssindex.store import IndexDir, binary_matrix, stored_vectors
 
 CANDIDATES = 100
 """Depth of each leg's ranking before fusion."""
@@ -81,7 +80,6 @@ class Searcher:
         self._terms: TermStats | None = None
         self._postings: Postings | None = None
         self._signs: np.ndarray | None = None
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ssindex-lexical")
 
     # -- the legs -------------------------------------------------------------------------
     def lexical(self, query: str, limit: int = CANDIDATES) -> list[Hit]:
@@ -140,8 +138,6 @@ class Searcher:
             raise ConfigError("-k must be at least 1")
         started = time.perf_counter()
         depth = max(CANDIDATES, k)
-        # the lexical leg runs in a thread while the query is embedded: both release the GIL
-        pending = self._pool.submit(self.lexical, query, depth) if mode == "hybrid" else None
         dense = self.semantic(query, depth) if mode != "lexical" else []
         abstained = abstain and self._abstains(query, dense)
         if abstained:
@@ -151,8 +147,7 @@ class Searcher:
         elif mode == "semantic":
             hits = dense
         else:
-            assert pending is not None
-            hits = fuse(dense, pending.result(), lexical_weight(query))
+            hits = fuse(dense, self.lexical(query, depth), lexical_weight(query))
         ranked = self._fetch(hits[:k])
         elapsed = {"total": round((time.perf_counter() - started) * 1000, 2)}
         backend = self._selection.as_json() if self._selection is not None else None
@@ -212,8 +207,7 @@ class Searcher:
         """Every row's vector, dequantized into one float32 matrix (for exact scans of
         indexes below ``PREFILTER_ROWS``; larger ones dequantize their shortlist only)."""
         if self._matrix is None:
-            self._matrix = dequantize_matrix(*self._codes(), self.head.quantization,  # type: ignore[arg-type]
-                                             self.head.dim)
+            self._matrix = stored_vectors(self.rows, self.head.quantization, self.head.dim)
         return self._matrix
 
     def _fetch(self, hits: list[Hit]) -> list[dict[str, Any]]:

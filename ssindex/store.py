@@ -36,6 +36,7 @@ import pyarrow as pa
 import xxhash
 
 from ssindex.errors import IndexCorrupt, IndexNotFound, IndexNotWritable
+from ssindex.stages.quantize import dequantize_matrix
 
 FORMAT_VERSION = 1
 TABLE = "chunks"
@@ -302,6 +303,13 @@ def binary_matrix(column: pa.Array) -> np.ndarray:
         raise IndexCorrupt("stored vectors have mixed sizes")
     data = np.frombuffer(column.buffers()[2], dtype=np.uint8)[offsets[0] : offsets[-1]]
     return data.reshape(len(column), width)
+
+
+def stored_vectors(rows: pa.Table, method: str, dim: int) -> np.ndarray:
+    """The float32 vectors of rows with ``vec_codes`` and ``vec_scale`` columns."""
+    return dequantize_matrix(binary_matrix(rows.column("vec_codes").combine_chunks()),
+                             rows.column("vec_scale").to_numpy(), method,  # type: ignore[arg-type]
+                             dim)
 
 
 def status_data(index_path: Path) -> dict[str, Any]:

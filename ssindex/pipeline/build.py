@@ -27,16 +27,16 @@ from ssindex.pipeline.progress import Progress, SilentProgress
 from ssindex.pipeline.staging import Staging
 from ssindex.remote import RemoteIndex, is_remote, resolve_index
 from ssindex.snapshot import write_search_files
-from ssindex.stages.quantize import bytes_per_vector, dequantize_matrix
+from ssindex.stages.quantize import bytes_per_vector
 from ssindex.stages.walk import WalkStats, check_root, walk
 from ssindex.store import (
     FORMAT_VERSION,
     MANIFEST_SCHEMA,
     IndexDir,
     TableWriter,
-    binary_matrix,
     default_index_path,
     now_iso,
+    stored_vectors,
 )
 
 
@@ -252,9 +252,7 @@ def _search_files(index: IndexDir, version: int, encoder: LazyEncoder,
     The nonsense queries' vectors depend on the model alone, so they are kept
     beside the index and a rebuild that embeds nothing never loads the model."""
     files, data, stats = write_search_files(index, version)
-    matrix = dequantize_matrix(binary_matrix(data.column("vec_codes").combine_chunks()),
-                               data.column("vec_scale").to_numpy(), encoder.quantization,
-                               encoder.model.dim)
+    matrix = stored_vectors(data, encoder.quantization, encoder.model.dim)
     key = xxhash.xxh3_64_hexdigest(model_key.encode())
     cache = index.path / "manifests" / f"nonsense-{key}.arrow"
 

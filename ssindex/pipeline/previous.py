@@ -9,8 +9,7 @@ import numpy as np
 import pyarrow as pa
 
 from ssindex.rows import Chunk, IndexedChunk, SourceFile
-from ssindex.stages.quantize import dequantize_matrix
-from ssindex.store import Head, IndexDir, binary_matrix, scan
+from ssindex.store import Head, IndexDir, scan, stored_vectors
 
 _CHUNK_FIELDS = ("id", "path", "language", "start_line", "end_line", "symbol", "kind", "text",
                  "content_hash", "file_hash")
@@ -69,10 +68,7 @@ class PreviousIndex:
             return {}
         if self._vectors is None:
             exemplars = self.rows.filter(pa.compute.is_null(self.rows.column("dup_of")))
-            matrix = dequantize_matrix(
-                binary_matrix(exemplars.column("vec_codes").combine_chunks()),
-                exemplars.column("vec_scale").to_numpy(), self.head.quantization,  # type: ignore[arg-type]
-                self.head.dim)
+            matrix = stored_vectors(exemplars, self.head.quantization, self.head.dim)
             self._vectors = dict(zip(exemplars.column("embed_key").to_pylist(), matrix,
                                      strict=True))
         return {key: self._vectors[key] for key in keys if key in self._vectors}

@@ -57,9 +57,9 @@ from ssindex.stages.dedupe import (
     rows_per_band,
 )
 from ssindex.stages.embed import EmbedStats, embed
-from ssindex.stages.quantize import dequantize_matrix, quantize_matrix
+from ssindex.stages.quantize import quantize_matrix
 from ssindex.stages.walk import walk
-from ssindex.store import CHUNK_SCHEMA, IndexDir, TableWriter, binary_matrix, scan
+from ssindex.store import CHUNK_SCHEMA, IndexDir, TableWriter, scan, stored_vectors
 
 _FILE_BITS = 24
 """A chunk's ordinal is ``file ordinal << 24 | position in file``: path order as one int."""
@@ -220,9 +220,8 @@ class EmbedActor:
         quoted = ", ".join(f"'{key}'" for key in keys)
         found = scan(table, ["embed_key", "vec_codes", "vec_scale"],
                      where=f"dup_of IS NULL AND embed_key IN ({quoted})")
-        matrix = dequantize_matrix(binary_matrix(found["vec_codes"].combine_chunks()),
-                                   found["vec_scale"].to_numpy(), method, self.dim)
-        return dict(zip(found["embed_key"].to_pylist(), matrix, strict=True))
+        return dict(zip(found["embed_key"].to_pylist(), stored_vectors(found, method, self.dim),
+                        strict=True))
 
     def __call__(self, rows: pa.Table) -> pa.Table:
         # duplicates are filtered here, not by an upstream task: on a small cluster the
@@ -342,6 +341,7 @@ class _Run:
         self.previous, self.model, self.options = previous, model, options
         self.cfg = plan.config
         self.encode = EncodeStats()
+        self.resources = ray.cluster_resources()
 
     def _timed(self, stage: str, started: float) -> float:
         now = time.perf_counter()
@@ -371,10 +371,10 @@ class _Run:
             version = writer.write(_record_batches(records), self.previous.digests,
                                    self.stats.row_ids)
         self._timed("write", started)
-        actors = self._actors()
-        return version, {"engine": "ray", "embed_actors": actors[0],
-                         "cpus_per_actor": actors[1], "gpus_per_actor": actors[2],
-                         "backend": sorted(backends), "reason": "chosen on each actor"}, self.encode
+        actors, cpus, gpus = self._actors()
+        return version, {"engine": "ray", "embed_actors": actors, "cpus_per_actor": cpus,
+                         "gpus_per_actor": gpus, "backend": sorted(backends),
+                         "reason": "chosen on each actor"}, self.encode
 
     def _write_nothing(self, writer: TableWriter, started: float, reason: str,
                        ) -> tuple[int, dict[str, Any], EncodeStats]:
@@ -446,7 +446,7 @@ class _Run:
             parts.append(data.from_arrow(pa.Table.from_pylist(
                 stored, schema=CHUNK_ROW).select(_PARTICIPANT_COLUMNS)))
         participants = _union(parts)
-        partitions = max(2, int(self.ray.cluster_resources().get("CPU", 1)))
+        partitions = max(2, int(self.resources.get("CPU", 1)))
         found = participants.map_batches(
             dedupe_keys, batch_format="pyarrow", batch_size=None,
             fn_kwargs={"rows_per_band": rows_per_band(cfg.near_threshold, cfg.num_perm)},
@@ -479,8 +479,7 @@ class _Run:
         return rows, needed
 
     def _actors(self) -> tuple[int, float, float]:
-        resources = self.ray.cluster_resources()
-        gpus, cpus = float(resources.get("GPU", 0)), float(resources.get("CPU", 1))
+        gpus, cpus = float(self.resources.get("GPU", 0)), float(self.resources.get("CPU", 1))
         per_gpu = self.options.gpus_per_actor
         if per_gpu is None:
             per_gpu = 1.0 if gpus else 0.0
