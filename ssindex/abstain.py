@@ -4,7 +4,7 @@ A query is answered when it is *lexically grounded* (the summed IDF of its
 terms that occur in the corpus reaches ``lexical``) or *semantically
 confident* (its best cosine reaches ``semantic``); otherwise the search
 abstains. IDF comes from term collection frequencies over the analyzed chunk
-text, counted in C++ by pyarrow and stored beside the index.
+text, counted with the BM25 postings and stored in them.
 
 Thresholds are calibrated per index at build time against queries of random
 pseudo-words, which no corpus should answer. The semantic threshold sits just
@@ -25,7 +25,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from ssindex.lexical import query_terms
 
@@ -53,25 +52,12 @@ class TermStats:
     total: int
 
     @classmethod
-    def from_columns(cls, *columns: pa.ChunkedArray) -> TermStats:
-        """Counts over the analyzed text columns (body and name, ``sym:`` tokens included)."""
-        lex = pa.chunked_array([chunk for column in columns for chunk in column.chunks],
-                               type=pa.string())
-        words = pc.list_flatten(pc.utf8_split_whitespace(lex))
-        counted = pc.value_counts(words)
-        counts = dict(zip(counted.field("values").to_pylist(),
-                          counted.field("counts").to_pylist(), strict=True))
-        return cls(counts, max(sum(counts.values()), 1))
-
-    def to_table(self) -> pa.Table:
-        return pa.table({"term": list(self.counts), "count": list(self.counts.values())},
-                        metadata={"total": str(self.total)})
-
-    @classmethod
     def from_table(cls, table: pa.Table) -> TermStats:
+        """From a table with ``term`` and ``count`` columns (the BM25 postings' table, whose
+        counts cover body and name, ``sym:`` tokens included)."""
         counts = dict(zip(table.column("term").to_pylist(), table.column("count").to_pylist(),
                           strict=True))
-        return cls(counts, int((table.schema.metadata or {}).get(b"total", b"1")))
+        return cls(counts, max(sum(counts.values()), 1))
 
     def grounding(self, query: str) -> float:
         """Summed IDF of the query's distinct terms that occur in the corpus."""

@@ -11,13 +11,13 @@ leg. RRF remains as the fallback when a leg's scores carry no information
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
+from ssindex.lexical import names_identifier
+
 RRF_K = 60
-LEXICAL_WEIGHT_NATURAL = 0.1
+LEXICAL_WEIGHT_NATURAL = 0.15
 LEXICAL_WEIGHT_IDENTIFIER = 0.6
-_IDENTIFIER_HINT = re.compile(r"[a-z][A-Z]|_|\.\w|\(|::|->")
 
 
 @dataclass
@@ -28,8 +28,7 @@ class Hit:
 
 def lexical_weight(query: str) -> float:
     """How much the lexical leg counts for ``query`` (0..1)."""
-    words = query.split()
-    if len(words) <= 1 or _IDENTIFIER_HINT.search(query):
+    if names_identifier(query):
         return LEXICAL_WEIGHT_IDENTIFIER
     return LEXICAL_WEIGHT_NATURAL
 

@@ -15,6 +15,7 @@ import re
 from functools import lru_cache
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|[0-9]+")
+_IDENTIFIER_HINT = re.compile(r"[a-z][A-Z]|_|\.\w|\(|::|->")
 _PARTS = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|[0-9]+")
 MAX_TOKEN_CHARS = 40
 ANALYZER_VERSION = 2
@@ -55,3 +56,9 @@ def query_terms(query: str) -> str:
     if stripped and " " not in stripped and _IDENTIFIER.fullmatch(stripped.rsplit(".", 1)[-1]):
         words = f"{words} {exact_symbol_term(stripped)}"
     return words
+
+
+def names_identifier(query: str) -> bool:
+    """Whether ``query`` looks like it names code (``parse_addr``, ``HTTPServer.serve``,
+    one bare word) rather than asking a question in natural language."""
+    return len(query.split()) <= 1 or _IDENTIFIER_HINT.search(query) is not None

@@ -26,12 +26,13 @@ from ssindex.backends.base import Encoder
 from ssindex.backends.inventory import detect
 from ssindex.backends.model import ModelSpec
 from ssindex.backends.selector import Selection, select
-from ssindex.bm25 import Postings
+from ssindex.bm25 import NAME_WEIGHT_IDENTIFIER, NAME_WEIGHT_NATURAL, Postings
 from ssindex.config import SEARCH_MODES
 from ssindex.errors import ConfigError, IndexCorrupt
 from ssindex.fusion import Hit, fuse, lexical_weight
-from ssindex.lexical import query_terms
+from ssindex.lexical import names_identifier, query_terms
 from ssindex.remote import resolve_index
+from ssindex.snapshot import SEARCH_FILES_VERSION
 from ssindex.stages.quantize import dequantize_matrix, positive_mask
 from ssindex.store import IndexDir, binary_matrix, stored_vectors
 
@@ -67,9 +68,10 @@ class Searcher:
     def __init__(self, index_path: str | os.PathLike[str], backend: str | None = None) -> None:
         self.index = IndexDir(resolve_index(index_path))
         self.head = self.index.read_head()
-        if "snapshot" not in self.head.data:
-            raise IndexCorrupt(f"the index at {self.index.path} predates search files: run "
-                               "`ssindex build` once more (nothing is re-embedded)")
+        if self.head.data.get("search_files") != SEARCH_FILES_VERSION:
+            raise IndexCorrupt(f"the index at {self.index.path} has search files of another "
+                               "ssindex release: run `ssindex build` once more (nothing is "
+                               "re-embedded)")
         self.rows = self.index.read_manifest(self.head.data["snapshot"], mmap=True)
         """Every row in row-id order: metadata, text and vector codes (memory-mapped)."""
         self._backend_choice = backend
@@ -86,7 +88,9 @@ class Searcher:
         terms = query_terms(query).split()
         if not terms:
             return []
-        docs, scores = self.postings.top(terms, limit)
+        name_weight = (NAME_WEIGHT_IDENTIFIER if names_identifier(query)
+                       else NAME_WEIGHT_NATURAL)
+        docs, scores = self.postings.top(terms, limit, name_weight)
         return [Hit(int(d), float(s)) for d, s in zip(docs, scores, strict=True)]
 
     def semantic(self, query: str, limit: int = CANDIDATES) -> list[Hit]:
@@ -171,7 +175,8 @@ class Searcher:
     @property
     def term_stats(self) -> TermStats:
         if self._terms is None:
-            self._terms = TermStats.from_table(self.index.read_manifest(self.head.data["terms"]))
+            self._terms = TermStats.from_table(
+                self.index.read_manifest(self.head.data["postings"], mmap=True))
         return self._terms
 
     @property

@@ -8,11 +8,13 @@ memory-mapped in milliseconds with pyarrow, which ssindex imports anyway. So
 each build writes, under ``manifests/`` and named by table version:
 
     search-vN.arrow    the rows in row-id order: vectors, metadata, text
-    postings-vN.arrow  BM25 postings over those rows (``ssindex.bm25``)
-    terms-vN.arrow     term statistics (``ssindex.abstain``)
+    postings-vN.arrow  BM25 postings over those rows (``ssindex.bm25``), with the
+                       term counts of abstention (``ssindex.abstain``)
 
 The Lance table stays the index of record (builds diff and commit against
 it); these files are derived from one of its versions and never change.
+``SEARCH_FILES_VERSION`` in ``HEAD.json`` names their layout: a build rewrites
+files of another layout even when no row changed.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from ssindex.abstain import TermStats
 from ssindex.bm25 import Postings
 from ssindex.store import IndexDir, scan
 
+SEARCH_FILES_VERSION = 2
 SNAPSHOT_COLUMNS = ["path", "start_line", "end_line", "language", "symbol", "kind", "text",
                     "vec_codes", "vec_scale"]
 
@@ -35,12 +38,10 @@ def write_search_files(index: IndexDir, version: int) -> tuple[dict[str, str], p
     data = scan(index.open_table(version), ["lex_body", "lex_name", *SNAPSHOT_COLUMNS],
                 with_row_id=True)
     data = data.take(np.argsort(data.column("_rowid").to_numpy(), kind="stable"))
-    stats = TermStats.from_columns(data.column("lex_body"), data.column("lex_name"))
-    postings = Postings.build([data.column("lex_body"), data.column("lex_name")])
+    postings = Postings.build(data.column("lex_body"), data.column("lex_name")).to_table()
     names = {
-        "terms": index.write_manifest(f"terms-v{version}.arrow", stats.to_table()),
-        "postings": index.write_manifest(f"postings-v{version}.arrow", postings.to_table()),
+        "postings": index.write_manifest(f"postings-v{version}.arrow", postings),
         "snapshot": index.write_manifest(f"search-v{version}.arrow",
                                          data.select(SNAPSHOT_COLUMNS)),
     }
-    return names, data, stats
+    return names, data, TermStats.from_table(postings)

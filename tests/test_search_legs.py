@@ -3,6 +3,7 @@ postings against a direct computation, and the sign-bit shortlist against an exa
 
 from __future__ import annotations
 
+import itertools
 import math
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ import pyarrow as pa
 import pytest
 
 from ssindex import search
-from ssindex.bm25 import FIELD_BOOSTS, K1, B, Postings
+from ssindex.bm25 import K1, B, Postings
 from ssindex.lexical import analyze
 
 from .conftest import STDLIB
@@ -39,18 +40,21 @@ def test_postings_score_like_textbook_bm25_over_both_fields() -> None:
     bodies = [analyze((STDLIB / "json" / name).read_text()) for name in
               ("decoder.py", "encoder.py", "scanner.py", "tool.py", "__init__.py")]
     names = ["decoder json", "encoder json", "scanner json", "tool json", "json init"]
-    postings = Postings.build([pa.array(bodies), pa.array(names)])
+    postings = Postings.build(pa.array(bodies), pa.array(names))
     restored = Postings.from_table(postings.to_table(), len(bodies))
-    for query in (["decode", "json", "string"], ["encoder"], ["scanner", "scanner", "py"],
-                  ["no_such_term"]):
+    for query, name_weight in itertools.product(
+            (["decode", "json", "string"], ["encoder"], ["scanner", "scanner", "py"],
+             ["no_such_term"]), (0.5, 2.0)):
         body = _bm25([b.split() for b in bodies], query)
         name = _bm25([n.split() for n in names], query)
-        expected = [FIELD_BOOSTS[0] * x + FIELD_BOOSTS[1] * y for x, y in zip(body, name,
-                                                                               strict=True)]
-        assert np.allclose(restored.scores(query), expected, rtol=1e-5)
-        docs, scores = restored.top(query, 3)
+        expected = [x + name_weight * y for x, y in zip(body, name, strict=True)]
+        assert np.allclose(restored.scores(query, name_weight), expected, rtol=1e-5)
+        docs, scores = restored.top(query, 3, name_weight)
         assert list(docs) == sorted(range(5), key=lambda d: -expected[d])[:len(docs)]
         assert all(s > 0 for s in scores)
+    counts = dict(zip(restored.vocabulary, restored.counts.tolist(), strict=True))
+    everything = " ".join(bodies + names).split()
+    assert counts == {term: everything.count(term) for term in set(everything)}
 
 
 def test_sign_bit_shortlist_keeps_the_exact_top_hits(

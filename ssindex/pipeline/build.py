@@ -15,6 +15,7 @@ import xxhash
 
 from ssindex.abstain import Thresholds, calibrate
 from ssindex.backends.base import Encoder, EncodeStats
+from ssindex.backends.inventory import detect
 from ssindex.backends.model import ModelSpec
 from ssindex.backends.selector import Selection, select
 from ssindex.config import BuildConfig, Quantization, settings_fingerprint_fields
@@ -26,7 +27,7 @@ from ssindex.pipeline.previous import PreviousIndex, stale_reasons
 from ssindex.pipeline.progress import Progress, SilentProgress
 from ssindex.pipeline.staging import Staging
 from ssindex.remote import RemoteIndex, is_remote, resolve_index
-from ssindex.snapshot import write_search_files
+from ssindex.snapshot import SEARCH_FILES_VERSION, write_search_files
 from ssindex.stages.quantize import bytes_per_vector
 from ssindex.stages.walk import WalkStats, check_root, walk
 from ssindex.store import (
@@ -82,8 +83,11 @@ class LazyEncoder:
 
     def load(self) -> Encoder:
         if self.encoder is None:
-            explicit = self._explicit if self._phase == "embed_bulk" else None
-            self.selection = select(self._phase, self.model, explicit,
+            query = self._phase == "embed_query"
+            # the query backends are probed anyway: importing torch (seconds) to take
+            # the machine's inventory would cost a one-file rebuild most of its time
+            self.selection = select(self._phase, self.model, None if query else self._explicit,
+                                    inventory=detect(with_torch=not query),
                                     warn=self._progress.message)
             self.encoder = Encoder(self.selection.backend, self.model,
                                    self._cfg.embed.max_tokens, self._cfg.embed.batch_tokens)
@@ -192,7 +196,8 @@ def build(
         manifest = index.write_manifest(
             f"v{version}.arrow", pa.Table.from_pylist(stats.manifest, schema=MANIFEST_SCHEMA))
         kept = previous.head.data if previous is not None else {}
-        if "snapshot" in kept and writer.rows_written == writer.rows_deleted == 0:
+        if (kept.get("search_files") == SEARCH_FILES_VERSION
+                and writer.rows_written == writer.rows_deleted == 0):
             # same rows: the search files and thresholds of the previous build still hold
             files = {name: kept[name] for name in _HEAD_FILES[1:]}
             thresholds = Thresholds(**kept["abstention"])
@@ -214,6 +219,7 @@ def build(
             "settings": {"fingerprint": settings_fingerprint(cfg, model),
                          "config": dataclasses.asdict(cfg)},
             **files,
+            "search_files": SEARCH_FILES_VERSION,
             "abstention": thresholds.as_json(),
             "files": result["files_indexed"],
             "chunks": result["chunks_total"],
@@ -240,7 +246,7 @@ def _cluster(ray: RayOptions | None) -> contextlib.AbstractContextManager[Any]:
     return ray_cluster(ray)
 
 
-_HEAD_FILES = ("manifest", "terms", "postings", "snapshot")
+_HEAD_FILES = ("manifest", "postings", "snapshot")
 """Keys of ``HEAD.json`` that name per-version manifests."""
 
 
