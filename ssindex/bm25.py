@@ -25,6 +25,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ssindex.store import numeric_view
+
 K1, B = 1.2, 0.75
 NAME_WEIGHT_NATURAL = 0.25
 NAME_WEIGHT_IDENTIFIER = 2.0
@@ -80,16 +82,17 @@ class Postings:
         return pa.table({"term": pa.array(list(self.vocabulary), pa.string()),
                          "count": pa.array(self.counts, pa.int64()),
                          "docs": lists(self.docs), "impacts": lists(self.impacts),
-                         "in_name": lists(self.in_name)})
+                         "in_name": lists(self.in_name.view(np.uint8))})
 
     @classmethod
     def from_table(cls, table: pa.Table, size: int) -> Postings:
         docs, impacts, in_name = (table.column(name).combine_chunks()
                                   for name in ("docs", "impacts", "in_name"))
         return cls({word: i for i, word in enumerate(table.column("term").to_pylist())},
-                   docs.offsets.to_numpy(), docs.values.to_numpy(), impacts.values.to_numpy(),
-                   in_name.values.to_numpy(zero_copy_only=False),
-                   table.column("count").to_numpy(), size)
+                   numeric_view(docs.offsets, np.int64), numeric_view(docs.values, np.int32),
+                   numeric_view(impacts.values, np.float32),
+                   numeric_view(in_name.values, np.uint8).view(bool),
+                   numeric_view(table.column("count"), np.int64), size)
 
     def scores(self, query_terms: list[str], name_weight: float) -> np.ndarray:
         """BM25 score of every document (zero where no term matches), the name field's

@@ -98,6 +98,14 @@ class PlainProgress:
               flush=True)
 
 
+def _backend_line(report: dict[str, Any]) -> str:
+    if report["backend"] is None:  # a rebuild that reused every vector loads no model
+        return f"none: {report['reason']}"
+    fallback = report.get("fallback_reason")
+    return (f"{report['backend']} ({report['dtype']}): {report['reason']}"
+            + (f" [fallback: {fallback}]" if fallback else ""))
+
+
 def summary_table(stats: dict[str, Any]) -> Table:
     table = Table(title="ssindex build", show_header=False, title_justify="left")
     table.add_column(style="bold")
@@ -110,9 +118,7 @@ def summary_table(stats: dict[str, Any]) -> Table:
         ("chunks", f"{stats['chunks_total']} total, {stats['chunks_embedded']} embedded, "
                    f"{stats['chunks_deduplicated']} duplicates, {stats['chunks_reused']} reused"),
         ("truncated", f"{stats['chunks_truncated']} chunks longer than the model's limit"),
-        ("backend", f"{bulk['backend']} ({bulk['dtype']}): {bulk['reason']}"
-                    + (f" [fallback: {bulk['fallback_reason']}]" if bulk.get("fallback_reason")
-                       else "")),
+        ("backend", _backend_line(bulk)),
         ("model", f"{stats['model']}, {stats['quantization']} "
                   f"({stats['vector_bytes_per_chunk']} B/vector)"),
         ("stages", "  ".join(f"{k} {v:.1f}s" for k, v in stats["stage_seconds"].items())),

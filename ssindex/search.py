@@ -34,7 +34,7 @@ from ssindex.lexical import names_identifier, query_terms
 from ssindex.remote import resolve_index
 from ssindex.snapshot import SEARCH_FILES_VERSION
 from ssindex.stages.quantize import dequantize_matrix, positive_mask
-from ssindex.store import IndexDir, binary_matrix, stored_vectors
+from ssindex.store import IndexDir, binary_matrix, numeric_view, stored_vectors, take_rows
 
 CANDIDATES = 100
 """Depth of each leg's ranking before fusion."""
@@ -205,7 +205,7 @@ class Searcher:
         """Every row's vector codes (a view of the memory-mapped snapshot) and scales."""
         if self._stored is None:
             self._stored = (binary_matrix(self.rows.column("vec_codes").combine_chunks()),
-                            self.rows.column("vec_scale").to_numpy())
+                            numeric_view(self.rows.column("vec_scale"), np.float32))
         return self._stored
 
     def _vectors(self) -> np.ndarray:
@@ -218,7 +218,7 @@ class Searcher:
     def _fetch(self, hits: list[Hit]) -> list[dict[str, Any]]:
         if not hits:
             return []
-        rows = self.rows.select([*_META, "text"]).take([h.row_id for h in hits]).to_pylist()
+        rows = take_rows(self.rows.select([*_META, "text"]), [h.row_id for h in hits]).to_pylist()
         return [{**row, "score": round(hit.score, 6)} for row, hit in zip(rows, hits, strict=True)]
 
 

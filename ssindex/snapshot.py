@@ -26,7 +26,7 @@ from ssindex.abstain import TermStats
 from ssindex.bm25 import Postings
 from ssindex.store import IndexDir, scan
 
-SEARCH_FILES_VERSION = 2
+SEARCH_FILES_VERSION = 3
 SNAPSHOT_COLUMNS = ["path", "start_line", "end_line", "language", "symbol", "kind", "text",
                     "vec_codes", "vec_scale"]
 

@@ -305,11 +305,32 @@ def binary_matrix(column: pa.Array) -> np.ndarray:
     return data.reshape(len(column), width)
 
 
+def numeric_view(array: pa.Array | pa.ChunkedArray, dtype: type[np.generic]) -> np.ndarray:
+    """A null-free, fixed-width Arrow array as a numpy view.
+
+    Not ``to_numpy``: pyarrow's conversions import pandas where it is installed,
+    ~0.5 s of a cold search that never needs it."""
+    if isinstance(array, pa.ChunkedArray):
+        array = array.combine_chunks()
+    if len(array) == 0:
+        return np.zeros(0, dtype)
+    if array.null_count:
+        raise IndexCorrupt(f"unexpected nulls in a stored {array.type} column")
+    return np.frombuffer(array.buffers()[1], dtype)[array.offset : array.offset + len(array)]
+
+
+def take_rows(table: pa.Table, positions: list[int]) -> pa.Table:
+    """The rows of ``table`` at ``positions`` (no pandas import: see ``numeric_view``)."""
+    indices = np.asarray(positions, np.int64)
+    return table.take(pa.Array.from_buffers(pa.int64(), len(indices),
+                                            [None, pa.py_buffer(indices)]))
+
+
 def stored_vectors(rows: pa.Table, method: str, dim: int) -> np.ndarray:
     """The float32 vectors of rows with ``vec_codes`` and ``vec_scale`` columns."""
     return dequantize_matrix(binary_matrix(rows.column("vec_codes").combine_chunks()),
-                             rows.column("vec_scale").to_numpy(), method,  # type: ignore[arg-type]
-                             dim)
+                             numeric_view(rows.column("vec_scale"), np.float32),
+                             method, dim)  # type: ignore[arg-type]
 
 
 def status_data(index_path: Path) -> dict[str, Any]:

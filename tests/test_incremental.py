@@ -95,6 +95,8 @@ def test_check_gates_ci(tmp_path: Path) -> None:
     assert run_cli("build", str(root), "--check", check=False).returncode == 1  # no index
     _build(root)
     assert run_cli("build", str(root), "--check", check=False).returncode == 0
+    summary = run_cli("build", str(root), "--no-progress").stdout  # the table, not JSON
+    assert "0 embedded" in summary and "every vector was reused" in summary
     (root / "json" / "new.py").write_text("def added():\n    return 1\n")
     result = run_cli("build", str(root), "--check", "--json", check=False)
     assert result.returncode == 1 and "new" in result.stdout
