@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,7 +46,7 @@ class IndexedChunk:
     """A chunk on its way to the store: dedupe verdict, then vector."""
 
     chunk: Chunk
-    stored: dict[str, Any] | None = None
+    stored: Mapping[str, Any] | None = None
     """The chunk's row in the previous index, when its file is unchanged."""
     signature: bytes | None = None
     """MinHash signature (uint32 values); ``None`` for chunks too short to compare."""

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
+import pytest
 
 from ssindex.config import ChunkConfig, DedupeConfig, WalkConfig
 from ssindex.rows import Chunk, IndexedChunk
@@ -11,6 +13,7 @@ from ssindex.stages.dedupe import (
     band_keys,
     bucket_pairs,
     dedupe,
+    dedupe_changes,
     resolve_duplicates,
     rows_per_band,
 )
@@ -112,3 +115,41 @@ def test_bucket_replay_reaches_the_streaming_verdicts() -> None:
     assert [verdicts.get(i) for i in range(len(chunks))] == expected
     assert (replay_stats.exact, replay_stats.near) == (stats.exact, stats.near)
     assert stats.near >= 2 and stats.exact >= 2
+
+
+@pytest.mark.parametrize("change", ["exemplar deleted", "near copy sorts first",
+                                    "exemplar rewritten"])
+def test_incremental_replay_reaches_the_streaming_verdicts(change: str) -> None:
+    """``dedupe_changes`` replays only the chunks a change reaches: its verdicts and
+    counts must equal a full streaming dedupe of the new tree."""
+    cfg = DedupeConfig()
+    chunks = [c for source in walk(STDLIB / "json", WalkConfig(), WalkStats())
+              for c in chunk_file(source, ChunkConfig())[0]]
+    largest = max(chunks, key=lambda c: len(c.text))
+    near = largest.text.replace("self", "this", 1)
+    old = [*chunks, _chunk("z1.py", largest.text), _chunk("z2.py", near),
+           _chunk("z3.py", near + "\n"), _chunk("z4.py", largest.text.replace("    ", "\t"))]
+    old_verdicts, _ = _verdicts(old)
+    sign = Signer(cfg)
+    previous = pa.table({"id": [c.id for c in old], "content_hash": [c.content_hash for c in old],
+                         "minhash": [sign(c.text) for c in old]})
+    stored = {c.id: {"dup_of": v, "minhash": m} for c, v, m in
+              zip(old, old_verdicts, previous.column("minhash").to_pylist(), strict=True)}
+    if change == "exemplar deleted":  # z1 must take over as exemplar of its copies
+        new = [c for c in old if c.path != largest.path]
+    elif change == "near copy sorts first":
+        new = [_chunk("a0.py", largest.text.replace("self", "me", 1)), *old]
+    else:
+        unrelated = (STDLIB / "json" / "tool.py").read_text()
+        new = [_chunk(c.path, unrelated) if c.id == largest.id else c for c in old]
+    expected, expected_stats = _verdicts(new)
+    rows = [IndexedChunk(c, stored=stored.get(c.id),
+                         signature=stored[c.id]["minhash"] if c.id in stored else None)
+            for c in new]
+    stats = DedupeStats()
+    replayed = [r for batch in dedupe_changes([rows[:50], rows[50:]], cfg, stats, previous)
+                for r in batch]
+    assert [r.dup_of for r in replayed] == expected
+    assert (stats.exact, stats.near) == (expected_stats.exact, expected_stats.near)
+    carried = [v for c, v in zip(old, old_verdicts, strict=True) if c.id in {n.id for n in new}]
+    assert [v for c, v in zip(new, expected, strict=True) if c.id in stored] != carried

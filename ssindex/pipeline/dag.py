@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 
 from ssindex.config import BuildConfig
 from ssindex.stages.chunk import StoredChunks
@@ -33,6 +34,9 @@ class BuildPlan:
     """Chunks the previous index holds for an unchanged file."""
     checkpoint: Callable[[list[str], np.ndarray], None] | None = None
     """Receives freshly embedded vectors as they are made."""
+    previous_chunks: pa.Table | None = None
+    """The previous index's ``id``, ``content_hash`` and ``minhash`` when its chunks are
+    reusable: dedupe then replays only what the changes reach."""
     batch_chunks: int = 256
     """Chunks per batch between dedupe and write."""
 

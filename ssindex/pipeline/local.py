@@ -21,7 +21,7 @@ from ssindex.pipeline.rows import to_record_batch
 from ssindex.pipeline.timing import StageClock
 from ssindex.rows import IndexedChunk, SourceFile
 from ssindex.stages.chunk import ChunkStats, chunk
-from ssindex.stages.dedupe import DedupeStats, dedupe
+from ssindex.stages.dedupe import DedupeStats, dedupe, dedupe_changes
 from ssindex.stages.embed import EmbedStats, embed
 from ssindex.stages.quantize import quantize
 from ssindex.stages.walk import WalkStats, walk
@@ -100,7 +100,9 @@ def run_local(plan: BuildPlan, stats: RunStats, progress: Progress) -> Iterator[
         per_file = clock.timed("chunk", chunk(files, cfg.chunk, stats.chunk, plan.stored),
                                "walk")
         batches = _rebatch(track_chunks(per_file), plan.batch_chunks)
-        yield from clock.timed("dedupe", dedupe(batches, cfg.dedupe, stats.dedupe), "chunk")
+        deduped = (dedupe(batches, cfg.dedupe, stats.dedupe) if plan.previous_chunks is None
+                   else dedupe_changes(batches, cfg.dedupe, stats.dedupe, plan.previous_chunks))
+        yield from clock.timed("dedupe", deduped, "chunk")
 
     handed = clock.timed("wait", _prefetch(producer(), depth=8), None)
     embedded = clock.timed("embed", embed(handed, plan.encoder, plan.model_key, stats.embed,

@@ -19,6 +19,10 @@ permutations) find pairs at Jaccard 0.9 with probability > 0.999.
 State grows with the exemplars: one hash entry, 16 band keys and a 512-byte
 signature each; 1M chunks cost about 1 GiB.
 
+An incremental build replays only what its changes can reach
+(``dedupe_changes``): on the standard library (62k chunks) one edited file
+reaches a handful of chunks, where replaying all of them took seconds.
+
 Distributed engines split the same decision in two: ``bucket_pairs`` runs
 where an LSH bucket's members meet (a group-by on band key across workers),
 and ``resolve_duplicates`` replays the streaming verdicts over the sparse
@@ -34,6 +38,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
+import pyarrow as pa
 import xxhash
 from datasketch import MinHash
 
@@ -101,7 +106,7 @@ class Deduper:
     def __init__(self, cfg: DedupeConfig) -> None:
         self._cfg = cfg
         self.sign = Signer(cfg)
-        self._rows_per_band = rows_per_band(cfg.near_threshold, cfg.num_perm)
+        self.rows_per_band = rows_per_band(cfg.near_threshold, cfg.num_perm)
         self._exact: dict[str, str] = {}
         self._buckets: dict[int, list[int]] = {}
         self._exemplar_ids: list[str] = []
@@ -114,7 +119,7 @@ class Deduper:
                 row.signature = self.sign(row.chunk.text)
         signed = [i for i, row in enumerate(batch) if row.signature is not None]
         keys = band_keys(np.stack([np.frombuffer(batch[i].signature or b"", np.uint32)
-                                   for i in signed]), self._rows_per_band) if signed else None
+                                   for i in signed]), self.rows_per_band) if signed else None
         key_of = dict(zip(signed, keys if keys is not None else [], strict=True))
         for index, row in enumerate(batch):
             row.dup_of = self._verdict(row, key_of.get(index), stats)
@@ -157,6 +162,77 @@ def dedupe(
     for batch in batches:
         deduper.classify(batch, stats)
         yield batch
+
+
+def dedupe_changes(
+    batches: Iterable[list[IndexedChunk]], cfg: DedupeConfig, stats: DedupeStats,
+    previous: pa.Table,
+) -> Iterator[list[IndexedChunk]]:
+    """``dedupe`` for an incremental build, replaying only the chunks a change can reach.
+
+    A chunk's verdict depends on the earlier chunks sharing its content hash or an
+    LSH band key, and on their verdicts. So only chunks linked, through chains of
+    shared keys, to a new chunk or to one of ``previous`` (the last build's ``id``,
+    ``content_hash`` and ``minhash``) that is gone can change verdict. That linked
+    set is closed under sharing a key: replaying the streaming ``Deduper`` over it
+    alone, in path order, gives the verdicts of a full replay; every other chunk
+    keeps its stored one. Needs every batch before the first verdict."""
+    held = list(batches)
+    rows = [row for batch in held for row in batch]
+    deduper = Deduper(cfg)
+    for row in rows:
+        if row.signature is None and row.stored is None:
+            row.signature = deduper.sign(row.chunk.text)
+    carried = {row.chunk.id for row in rows if row.stored is not None}
+    gone = previous.filter(pa.array([i not in carried for i in previous.column("id").to_pylist()],
+                                    pa.bool_()))
+    _, gone_keys = _link_keys(gone.column("content_hash").to_pylist(),
+                              gone.column("minhash").to_pylist(), deduper.rows_per_band)
+    owner, key = _link_keys([row.chunk.content_hash for row in rows],
+                            [row.signature for row in rows], deduper.rows_per_band)
+    reached = _linked(owner, key, np.array([row.stored is None for row in rows], dtype=bool),
+                      gone_keys)
+    deduper.classify([row for row, hit in zip(rows, reached, strict=True) if hit], stats)
+    seen: set[str] = set()
+    for row, hit in zip(rows, reached, strict=True):
+        if not hit and row.stored is not None:
+            row.dup_of = row.stored["dup_of"]
+            if row.dup_of is not None:  # counted as the streaming deduper counts it
+                stats.exact += row.chunk.content_hash in seen
+                stats.near += row.chunk.content_hash not in seen
+        seen.add(row.chunk.content_hash)
+    yield from held
+
+
+def _link_keys(hashes: list[str], signatures: list[bytes | None], rows_per_band: int,
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """What links chunks for dedupe, as (owner, key) pairs: each chunk's position with
+    a key for its content hash and one per LSH band of its signature."""
+    count = len(hashes)
+    exact = np.fromiter((xxhash.xxh3_64_intdigest(h.encode()) for h in hashes), np.uint64, count)
+    signed = np.array([i for i, s in enumerate(signatures) if s is not None], np.int64)
+    owners, keys = [np.arange(count)], [exact]
+    if len(signed):
+        matrix = np.frombuffer(b"".join(signatures[i] or b"" for i in signed),
+                               np.uint32).reshape(len(signed), -1)
+        bands = band_keys(matrix, rows_per_band)
+        owners.append(np.repeat(signed, bands.shape[1]))
+        keys.append(bands.ravel())
+    return np.concatenate(owners), np.concatenate(keys)
+
+
+def _linked(owner: np.ndarray, key: np.ndarray, seeds: np.ndarray,
+            seed_keys: np.ndarray) -> np.ndarray:
+    """Mask of the chunks sharing a key, directly or through other chunks, with a
+    ``seeds`` chunk (a mask) or one of ``seed_keys``."""
+    reached = seeds.copy()
+    frontier = np.union1d(key[reached[owner]], seed_keys)
+    while len(frontier):
+        linked = np.unique(owner[np.isin(key, frontier)])
+        linked = linked[~reached[linked]]
+        reached[linked] = True
+        frontier = np.unique(key[np.isin(owner, linked)])
+    return reached
 
 
 class Candidate(NamedTuple):
