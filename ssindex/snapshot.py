@@ -21,27 +21,60 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ssindex.abstain import TermStats
 from ssindex.bm25 import Postings
-from ssindex.store import IndexDir, scan
+from ssindex.store import IndexDir, numeric_view, scan
 
-SEARCH_FILES_VERSION = 3
-SNAPSHOT_COLUMNS = ["path", "start_line", "end_line", "language", "symbol", "kind", "text",
+SEARCH_FILES_VERSION = 4
+SNAPSHOT_COLUMNS = ["id", "path", "start_line", "end_line", "language", "symbol", "kind", "text",
                     "vec_codes", "vec_scale"]
+_LENGTHS = ["body_terms", "name_terms"]
+"""Snapshot columns with each row's field lengths, which postings updates need."""
 
 
 def write_search_files(index: IndexDir, version: int) -> tuple[dict[str, str], pa.Table,
                                                                  TermStats]:
-    """Write the search files of ``version``; returns their names (keys of ``HEAD.json``),
-    the rows in row-id order, and the term statistics."""
+    """Write the search files of ``version`` from its table; returns their names (keys of
+    ``HEAD.json``), the snapshot rows, and the term statistics."""
     data = scan(index.open_table(version), ["lex_body", "lex_name", *SNAPSHOT_COLUMNS],
                 with_row_id=True)
     data = data.take(np.argsort(data.column("_rowid").to_numpy(), kind="stable"))
-    postings = Postings.build(data.column("lex_body"), data.column("lex_name")).to_table()
+    postings = Postings.build(data.column("lex_body"), data.column("lex_name"))
+    return _write(index, version, data.select(SNAPSHOT_COLUMNS), postings)
+
+
+def update_search_files(index: IndexDir, version: int, previous: dict[str, str],
+                        written: pa.Table, removed: set[str],
+                        ) -> tuple[dict[str, str], pa.Table, TermStats]:
+    """``write_search_files`` for a version that differs from the one whose search files
+    ``previous`` names by rows ``written`` (new or replaced) and ids ``removed``: the
+    previous rows are kept in order, the written ones follow, and only they are
+    tokenized. Rebuilding the postings of every row cost a one-file rebuild of the
+    standard library (62k chunks) ~1.5 s."""
+    before = index.read_manifest(previous["snapshot"], mmap=True)
+    keep = ~np.asarray(pc.is_in(before.column("id"), value_set=pa.array(
+        sorted(removed | set(written.column("id").to_pylist())), pa.string())))
+    lengths = np.stack([numeric_view(before.column(c), np.int32) for c in _LENGTHS])
+    postings = Postings.from_table(index.read_manifest(previous["postings"], mmap=True),
+                                   len(before), lengths).update(
+        keep, written.column("lex_body"), written.column("lex_name"))
+    rows = pa.concat_tables([before.select(SNAPSHOT_COLUMNS).filter(pa.array(keep)),
+                             written.select(SNAPSHOT_COLUMNS).cast(
+                                 before.select(SNAPSHOT_COLUMNS).schema)])
+    return _write(index, version, rows, postings)
+
+
+def _write(index: IndexDir, version: int, rows: pa.Table, postings: Postings,
+           ) -> tuple[dict[str, str], pa.Table, TermStats]:
+    if postings.lengths is None:
+        raise ValueError("search files need the postings' doc lengths")
+    for name, lengths in zip(_LENGTHS, postings.lengths, strict=True):
+        rows = rows.append_column(name, pa.array(lengths, pa.int32()))
+    table = postings.to_table()
     names = {
-        "postings": index.write_manifest(f"postings-v{version}.arrow", postings),
-        "snapshot": index.write_manifest(f"search-v{version}.arrow",
-                                         data.select(SNAPSHOT_COLUMNS)),
+        "postings": index.write_manifest(f"postings-v{version}.arrow", table),
+        "snapshot": index.write_manifest(f"search-v{version}.arrow", rows),
     }
-    return names, data, TermStats.from_table(postings)
+    return names, rows, TermStats.from_table(table)

@@ -200,6 +200,12 @@ class IndexDir:
             return reader.read_all()
 
 
+MAX_FRAGMENTS = 8
+"""An incremental commit adds a fragment (and deletion files): compacting after every
+one cost a one-file rebuild of the standard library ~0.7 s, so compaction waits until
+the table has more fragments than this."""
+
+
 class TableWriter:
     """Commits the rows of one build as a diff against the committed version."""
 
@@ -208,6 +214,8 @@ class TableWriter:
         self.previous = previous
         self.rows_written = 0
         self.rows_deleted = 0
+        self.changes: tuple[pa.Table, set[str]] | None = None
+        """After an incremental commit: the rows written and the ids deleted."""
 
     def write(self, batches: Iterable[pa.RecordBatch], previous_digests: dict[str, str],
               row_ids: set[str]) -> int:
@@ -238,7 +246,8 @@ class TableWriter:
             ids = ", ".join(f"'{row_id}'" for row_id in gone[start : start + 5000])
             table.delete(f"id IN ({ids})")
         self.rows_deleted = len(gone)
-        if pending or gone:
+        self.changes = (pa.Table.from_batches(pending, CHUNK_SCHEMA), set(gone))
+        if (pending or gone) and table.stats()["fragment_stats"]["num_fragments"] > MAX_FRAGMENTS:
             table.optimize()
         return int(table.version)
 

@@ -222,3 +222,27 @@ def test_lock_blocks_a_second_builder_and_stale_locks_are_broken(tmp_path: Path)
     (index / "lock").write_text(str(dead.pid))
     result = run_cli("build", str(root), "--no-progress")
     assert "stale lock" in result.stderr
+
+
+def test_many_small_rebuilds_keep_the_table_compact(tmp_path: Path) -> None:
+    """Each incremental commit adds a fragment; compaction waits for more than
+    ``MAX_FRAGMENTS``, then runs: a CI job rebuilding every hour must not grow the table
+    by a fragment per build."""
+    from ssindex import Searcher, build
+    from ssindex.store import MAX_FRAGMENTS
+
+    root = tmp_path / "tree"
+    root.mkdir()
+    rounds = MAX_FRAGMENTS + 4
+    for part in range(rounds):
+        (root / f"part_{part}.py").write_text(f"def part_{part}():\n    return {part}\n")
+    build(root)
+    counts = []
+    for part in range(rounds):  # each round edits another file
+        (root / f"part_{part}.py").write_text(f"def edited_part_{part}():\n    return -{part}\n")
+        build(root)
+        table = IndexDir(root / ".ssindex").open_table()
+        counts.append(table.stats()["fragment_stats"]["num_fragments"])
+    assert max(counts) == MAX_FRAGMENTS and counts[-1] < max(counts), counts
+    hits = Searcher(root / ".ssindex").search(f"edited_part_{rounds - 1}", k=1)
+    assert hits.results[0]["symbol"] == f"edited_part_{rounds - 1}"

@@ -12,11 +12,12 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from ssindex import search
+from ssindex import build, search
 from ssindex.bm25 import K1, B, Postings
 from ssindex.lexical import analyze
+from ssindex.store import IndexDir, scan
 
-from .conftest import STDLIB
+from .conftest import STDLIB, copy_stdlib
 
 
 def _bm25(docs: list[list[str]], query: list[str]) -> list[float]:
@@ -76,3 +77,39 @@ def test_sign_bit_shortlist_keeps_the_exact_top_hits(
         overlap.append(len(set(got) & set(expected[query])) / 10)
     assert np.mean(overlap) >= 0.9
     assert len(shortlisted.rows) > 3 * 300  # the shortlist really was a subset
+
+
+def test_incremental_search_files_equal_rebuilt_ones(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rebuild updates the snapshot and postings in place of rebuilding them: the
+    result must hold the same rows, scores and term counts as postings built afresh."""
+    root = copy_stdlib(tmp_path / "tree", "json")
+    build(root)
+    decoder = root / "json" / "decoder.py"
+    decoder.write_text(decoder.read_text() + "\n\ndef decode_twice(s):\n    return s * 2\n")
+    (root / "json" / "tool.py").unlink()
+    (root / "json" / "extra.py").write_text("def parse_extra_things(data):\n"
+                                            "    return [d for d in data if d]\n")
+
+    def refuse(*_: Any) -> None:
+        raise AssertionError("the rebuild recomputed the search files from the table")
+
+    monkeypatch.setattr("ssindex.pipeline.build.write_search_files", refuse)
+    build(root)
+    index = IndexDir(root / ".ssindex")
+    head = index.read_head().data
+    rows = index.read_manifest(head["snapshot"])
+    updated = Postings.from_table(index.read_manifest(head["postings"]), len(rows))
+    table = scan(index.open_table(head["table_version"]), ["id", "lex_body", "lex_name"])
+    fresh = Postings.build(table.column("lex_body"), table.column("lex_name"))
+    assert sorted(rows.column("id").to_pylist()) == sorted(table.column("id").to_pylist())
+    position = {row_id: i for i, row_id in enumerate(rows.column("id").to_pylist())}
+    order = [position[row_id] for row_id in table.column("id").to_pylist()]
+    for query, name_weight in itertools.product(
+            (["decode", "twice"], ["parse", "extra", "things"], ["json", "scanner"], ["tool"]),
+            (0.25, 2.0)):
+        expected = fresh.scores(query, name_weight)
+        assert np.allclose(updated.scores(query, name_weight)[order], expected, rtol=1e-5)
+    assert (dict(zip(updated.vocabulary, updated.counts.tolist(), strict=True))
+            == dict(zip(fresh.vocabulary, fresh.counts.tolist(), strict=True)))
+    assert "twice" in updated.vocabulary and "extra" in updated.vocabulary

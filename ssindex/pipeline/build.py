@@ -27,7 +27,7 @@ from ssindex.pipeline.previous import PreviousIndex, stale_reasons
 from ssindex.pipeline.progress import Progress, SilentProgress
 from ssindex.pipeline.staging import Staging
 from ssindex.remote import RemoteIndex, is_remote, resolve_index
-from ssindex.snapshot import SEARCH_FILES_VERSION, write_search_files
+from ssindex.snapshot import SEARCH_FILES_VERSION, update_search_files, write_search_files
 from ssindex.stages.quantize import bytes_per_vector
 from ssindex.stages.walk import WalkStats, check_root, walk
 from ssindex.store import (
@@ -204,7 +204,8 @@ def build(
             files = {name: kept[name] for name in _HEAD_FILES[1:]}
             thresholds = Thresholds(**kept["abstention"])
         else:
-            files, thresholds = _search_files(index, version, encoder, model_key)
+            files, thresholds = _search_files(index, version, encoder, model_key, kept,
+                                              writer.changes)
         result = _stats(stats, encode, backend, model, cfg, write_seconds, writer, previous)
         result["engine"] = "ray" if ray is not None else "local"
         result["wall_seconds"] = round(time.perf_counter() - started, 3)
@@ -252,14 +253,18 @@ _HEAD_FILES = ("manifest", "postings", "snapshot")
 """Keys of ``HEAD.json`` that name per-version manifests."""
 
 
-def _search_files(index: IndexDir, version: int, encoder: LazyEncoder,
-                  model_key: str) -> tuple[dict[str, str], Thresholds]:
+def _search_files(index: IndexDir, version: int, encoder: LazyEncoder, model_key: str,
+                  previous: dict[str, Any], changes: tuple[pa.Table, set[str]] | None,
+                  ) -> tuple[dict[str, str], Thresholds]:
     """The search files of the committed version (``ssindex.snapshot``), and abstention
     thresholds calibrated on its rows.
 
     The nonsense queries' vectors depend on the model alone, so they are kept
     beside the index and a rebuild that embeds nothing never loads the model."""
-    files, data, stats = write_search_files(index, version)
+    if changes is not None and previous.get("search_files") == SEARCH_FILES_VERSION:
+        files, data, stats = update_search_files(index, version, previous, *changes)
+    else:
+        files, data, stats = write_search_files(index, version)
     matrix = stored_vectors(data, encoder.quantization, encoder.model.dim)
     key = xxhash.xxh3_64_hexdigest(model_key.encode())
     cache = index.path / "manifests" / f"nonsense-{key}.arrow"
