@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _corpus import report
 
 from ssindex.search import Searcher
-from ssindex.snapshot import write_search_files
+from ssindex.snapshot import SEARCH_FILES_VERSION, write_search_files
 from ssindex.store import CHUNK_SCHEMA, IndexDir, scan
 
 QUERIES = ["parse a json document", "read a file line by line", "open a network socket",
@@ -53,7 +53,8 @@ def replicate(source: Path, target: Path, rows: int) -> int:
     db = index.connect()
     fresh = db.create_table("chunks", grown, schema=CHUNK_SCHEMA, mode="overwrite")
     files, _, _ = write_search_files(index, fresh.version)
-    data = dict(head.data, table_version=fresh.version, chunks=grown.num_rows, **files)
+    data = dict(head.data, table_version=fresh.version, chunks=grown.num_rows,
+                search_files=SEARCH_FILES_VERSION, **files)
     index.write_head(data)
     return grown.num_rows
 
