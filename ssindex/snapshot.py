@@ -7,7 +7,9 @@ budget of 1.5 s for a whole cold ``ssindex search``; an Arrow IPC file is
 memory-mapped in milliseconds with pyarrow, which ssindex imports anyway. So
 each build writes, under ``manifests/`` and named by table version:
 
-    search-vN.arrow    the rows in row-id order: vectors, metadata, text
+    search-vN.arrow    the rows: id, vectors, metadata, text, field lengths (a clean
+                       build writes them in row-id order, a rebuild keeps the
+                       previous order and appends the rows it wrote)
     postings-vN.arrow  BM25 postings over those rows (``ssindex.bm25``), with the
                        term counts of abstention (``ssindex.abstain``)
 
