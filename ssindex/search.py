@@ -73,7 +73,7 @@ class Searcher:
                                "ssindex release: run `ssindex build` once more (nothing is "
                                "re-embedded)")
         self.rows = self.index.read_manifest(self.head.data["snapshot"], mmap=True)
-        """Every row in row-id order: metadata, text and vector codes (memory-mapped)."""
+        """Every row of the pinned version: metadata, text and vector codes (memory-mapped)."""
         self._backend_choice = backend
         self._selection: Selection | None = None
         self._encoder: Encoder | None = None
