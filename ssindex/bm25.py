@@ -76,9 +76,8 @@ class Postings:
         kept = keep[self.docs]
         position = np.cumsum(keep) - 1
         fields = [_tokens(column) for column in (body, name)]
-        words = pa.concat_arrays([words for words, *_ in fields])
-        unseen = pc.filter(pc.unique(words), pc.invert(pc.is_in(pc.unique(words),
-                                                                 value_set=self.terms)))
+        words = pc.unique(pa.concat_arrays([words for words, *_ in fields]))
+        unseen = words.filter(pc.invert(pc.is_in(words, value_set=self.terms)))
         terms = pa.concat_arrays([self.terms, unseen.cast(pa.string())])
         added = _entries(fields, terms, int(keep.sum()))
         return self._assemble(
