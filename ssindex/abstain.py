@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 
 from ssindex.lexical import query_terms
 
@@ -46,23 +47,20 @@ class Thresholds:
 
 @dataclass(frozen=True)
 class TermStats:
-    """Collection frequency of each index term, and the total term count."""
+    """Collection frequency of each index term (``counts[vocabulary[term]]``, over body
+    and name, ``sym:`` tokens included): the BM25 postings' own vocabulary and counts."""
 
-    counts: dict[str, int]
-    total: int
+    vocabulary: Mapping[str, int]
+    counts: np.ndarray
 
-    @classmethod
-    def from_table(cls, table: pa.Table) -> TermStats:
-        """From a table with ``term`` and ``count`` columns (the BM25 postings' table, whose
-        counts cover body and name, ``sym:`` tokens included)."""
-        counts = dict(zip(table.column("term").to_pylist(), table.column("count").to_pylist(),
-                          strict=True))
-        return cls(counts, max(sum(counts.values()), 1))
+    @cached_property
+    def total(self) -> int:
+        return max(int(self.counts.sum()), 1)
 
     def grounding(self, query: str) -> float:
         """Summed IDF of the query's distinct terms that occur in the corpus."""
-        return sum(math.log(1 + self.total / self.counts[t])
-                   for t in set(query_terms(query).split()) if t in self.counts)
+        return sum(math.log(1 + self.total / int(self.counts[self.vocabulary[t]]))
+                   for t in set(query_terms(query).split()) if t in self.vocabulary)
 
 
 def nonsense_queries(count: int, seed: int) -> list[str]:

@@ -175,8 +175,7 @@ class Searcher:
     @property
     def term_stats(self) -> TermStats:
         if self._terms is None:
-            self._terms = TermStats.from_table(
-                self.index.read_manifest(self.head.data["postings"], mmap=True))
+            self._terms = TermStats(self.postings.vocabulary, self.postings.counts)
         return self._terms
 
     @property

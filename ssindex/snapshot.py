@@ -62,9 +62,8 @@ def update_search_files(index: IndexDir, version: int, previous: dict[str, str],
     postings = Postings.from_table(index.read_manifest(previous["postings"], mmap=True),
                                    len(before), lengths).update(
         keep, written.column("lex_body"), written.column("lex_name"))
-    rows = pa.concat_tables([before.select(SNAPSHOT_COLUMNS).filter(pa.array(keep)),
-                             written.select(SNAPSHOT_COLUMNS).cast(
-                                 before.select(SNAPSHOT_COLUMNS).schema)])
+    kept = before.select(SNAPSHOT_COLUMNS).filter(pa.array(keep))
+    rows = pa.concat_tables([kept, written.select(SNAPSHOT_COLUMNS).cast(kept.schema)])
     return _write(index, version, rows, postings)
 
 
@@ -79,4 +78,4 @@ def _write(index: IndexDir, version: int, rows: pa.Table, postings: Postings,
         "postings": index.write_manifest(f"postings-v{version}.arrow", table),
         "snapshot": index.write_manifest(f"search-v{version}.arrow", rows),
     }
-    return names, rows, TermStats.from_table(table)
+    return names, rows, TermStats(postings.vocabulary, postings.counts)

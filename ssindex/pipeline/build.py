@@ -198,14 +198,14 @@ def build(
         manifest = index.write_manifest(
             f"v{version}.arrow", pa.Table.from_pylist(stats.manifest, schema=MANIFEST_SCHEMA))
         kept = previous.head.data if previous is not None else {}
-        if (kept.get("search_files") == SEARCH_FILES_VERSION
-                and writer.rows_written == writer.rows_deleted == 0):
+        current = kept.get("search_files") == SEARCH_FILES_VERSION
+        if current and writer.rows_written == writer.rows_deleted == 0:
             # same rows: the search files and thresholds of the previous build still hold
             files = {name: kept[name] for name in _HEAD_FILES[1:]}
             thresholds = Thresholds(**kept["abstention"])
         else:
             files, thresholds = _search_files(index, version, encoder, model_key, kept,
-                                              writer.changes)
+                                              writer.changes if current else None)
         result = _stats(stats, encode, backend, model, cfg, write_seconds, writer, previous)
         result["engine"] = "ray" if ray is not None else "local"
         result["wall_seconds"] = round(time.perf_counter() - started, 3)
@@ -257,11 +257,13 @@ def _search_files(index: IndexDir, version: int, encoder: LazyEncoder, model_key
                   previous: dict[str, Any], changes: tuple[pa.Table, set[str]] | None,
                   ) -> tuple[dict[str, str], Thresholds]:
     """The search files of the committed version (``ssindex.snapshot``), and abstention
-    thresholds calibrated on its rows.
+    thresholds calibrated on its rows. ``changes`` (rows written, ids deleted) against the
+    version whose search files ``previous`` names update those; without, they are
+    written from the table.
 
     The nonsense queries' vectors depend on the model alone, so they are kept
     beside the index and a rebuild that embeds nothing never loads the model."""
-    if changes is not None and previous.get("search_files") == SEARCH_FILES_VERSION:
+    if changes is not None:
         files, data, stats = update_search_files(index, version, previous, *changes)
     else:
         files, data, stats = write_search_files(index, version)
