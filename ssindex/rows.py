@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
+import pyarrow as pa
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,3 +54,26 @@ class IndexedChunk:
     dup_of: str | None = None
     vector: np.ndarray | None = None
     """float32 unit vector, or ``None`` until embedded (or copied from ``dup_of``)."""
+
+
+class StoredChunks(Protocol):
+    """The chunks of an index's previous version, for an incremental build whose
+    chunker and dedupe settings are unchanged."""
+
+    @property
+    def chunks(self) -> pa.Table:
+        """``id``, ``content_hash``, ``minhash`` and ``dup_of`` of every stored row."""
+        ...
+
+    @property
+    def position(self) -> Mapping[str, int]:
+        """Row of ``chunks`` by chunk id."""
+        ...
+
+    def carried(self, source: SourceFile) -> list[str] | None:
+        """The chunk ids of an unchanged file, or ``None`` when it must be chunked."""
+        ...
+
+    def materialize(self, positions: Sequence[int]) -> list[IndexedChunk]:
+        """Stored rows as chunks on their way through a build (``stored`` set)."""
+        ...

@@ -1,11 +1,13 @@
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import pyarrow as pa
 import pytest
 
 from ssindex.config import ChunkConfig, DedupeConfig, WalkConfig
-from ssindex.rows import Chunk, IndexedChunk
+from ssindex.rows import Chunk, IndexedChunk, SourceFile
 from ssindex.stages.chunk import chunk_file, chunk_id, normalized_hash
 from ssindex.stages.dedupe import (
     DedupeStats,
@@ -33,6 +35,23 @@ def _verdicts(chunks: list[Chunk], **cfg: object) -> tuple[list[str | None], Ded
     batches = [[IndexedChunk(c) for c in chunks]]
     rows = [r for batch in dedupe(batches, DedupeConfig(**cfg), stats) for r in batch]  # type: ignore[arg-type]
     return [r.dup_of for r in rows], stats
+
+
+class _Stored:
+    """A previous index's rows in memory (``ssindex.rows.StoredChunks``)."""
+
+    def __init__(self, chunks: pa.Table, source: list[Chunk]) -> None:
+        self.chunks = chunks
+        self.position = {c.id: i for i, c in enumerate(source)}
+        self._rows = [IndexedChunk(c, stored={"dup_of": v}, signature=m) for c, v, m in zip(
+            source, chunks.column("dup_of").to_pylist(), chunks.column("minhash").to_pylist(),
+            strict=True)]
+
+    def carried(self, source: SourceFile) -> list[str] | None:
+        raise NotImplementedError  # dedupe never asks
+
+    def materialize(self, positions: Sequence[int]) -> list[IndexedChunk]:
+        return [self._rows[p] for p in positions]
 
 
 def test_exact_duplicates_ignore_whitespace() -> None:
@@ -131,10 +150,11 @@ def test_incremental_replay_reaches_the_streaming_verdicts(change: str) -> None:
            _chunk("z3.py", near + "\n"), _chunk("z4.py", largest.text.replace("    ", "\t"))]
     old_verdicts, _ = _verdicts(old)
     sign = Signer(cfg)
-    previous = pa.table({"id": [c.id for c in old], "content_hash": [c.content_hash for c in old],
-                         "minhash": [sign(c.text) for c in old]})
-    stored = {c.id: {"dup_of": v, "minhash": m} for c, v, m in
-              zip(old, old_verdicts, previous.column("minhash").to_pylist(), strict=True)}
+    minhashes = [sign(c.text) for c in old]
+    previous = _Stored(pa.table({"id": [c.id for c in old],
+                                 "content_hash": [c.content_hash for c in old],
+                                 "minhash": minhashes, "dup_of": old_verdicts}), old)
+    stored = {c.id: v for c, v in zip(old, old_verdicts, strict=True)}
     if change == "exemplar deleted":  # z1 must take over as exemplar of its copies
         new = [c for c in old if c.path != largest.path]
     elif change == "near copy sorts first":
@@ -143,13 +163,16 @@ def test_incremental_replay_reaches_the_streaming_verdicts(change: str) -> None:
         unrelated = (STDLIB / "json" / "tool.py").read_text()
         new = [_chunk(c.path, unrelated) if c.id == largest.id else c for c in old]
     expected, expected_stats = _verdicts(new)
-    rows = [IndexedChunk(c, stored=stored.get(c.id),
-                         signature=stored[c.id]["minhash"] if c.id in stored else None)
-            for c in new]
     stats = DedupeStats()
-    replayed = [r for batch in dedupe_changes([rows[:50], rows[50:]], cfg, stats, previous)
-                for r in batch]
-    assert [r.dup_of for r in replayed] == expected
+    changes = dedupe_changes([IndexedChunk(c) for c in new if c.id not in stored],
+                             [c.id for c in new], cfg, stats, previous)
+    replayed = {r.chunk.id: r.dup_of for r in changes.rows}
+    assert [r.chunk.id for r in changes.rows] == [c.id for c in new if c.id in replayed]
+    assert len(replayed) < len(new) / 2  # only what the change reaches
+    verdicts = [replayed[c.id] if c.id in replayed else stored[c.id] for c in new]
+    assert verdicts == expected
     assert (stats.exact, stats.near) == (expected_stats.exact, expected_stats.near)
+    assert changes.settled_exemplars == sum(
+        1 for c in new if c.id not in replayed and stored[c.id] is None)
     carried = [v for c, v in zip(old, old_verdicts, strict=True) if c.id in {n.id for n in new}]
     assert [v for c, v in zip(new, expected, strict=True) if c.id in stored] != carried

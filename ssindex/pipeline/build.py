@@ -174,10 +174,8 @@ def build(
             return found | staging.lookup([key for key in keys if key not in found])
 
         plan = BuildPlan(root, index.path, cfg, encoder, model_key, reuse,
-                         stored=previous.stored_chunks if previous else None,
-                         checkpoint=staging.checkpoint,
-                         previous_chunks=previous.rows.select(["id", "content_hash", "minhash"])
-                         if previous is not None and previous.chunks_reusable else None)
+                         previous if previous is not None and previous.chunks_reusable else None,
+                         checkpoint=staging.checkpoint)
         stats = RunStats()
         writer = TableWriter(index, previous.head if previous else None)
         write_started = time.perf_counter()

@@ -11,10 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 
 from ssindex.config import BuildConfig
-from ssindex.stages.chunk import StoredChunks
+from ssindex.rows import StoredChunks
 from ssindex.stages.embed import TextEncoder
 
 STAGES: tuple[str, ...] = ("walk", "chunk", "dedupe", "embed", "quantize", "write")
@@ -30,13 +29,12 @@ class BuildPlan:
     """Model content hash and token limit: the part of a vector's identity outside its text."""
     reuse: Callable[[list[str]], dict[str, np.ndarray]] | None
     """Vectors the previous index holds, by embed key."""
-    stored: StoredChunks | None
-    """Chunks the previous index holds for an unchanged file."""
+    previous: StoredChunks | None
+    """The previous version's chunks when its chunker and dedupe settings (and so its
+    vectors) are this build's: unchanged files keep them, and dedupe replays only
+    what the changes reach."""
     checkpoint: Callable[[list[str], np.ndarray], None] | None = None
     """Receives freshly embedded vectors as they are made."""
-    previous_chunks: pa.Table | None = None
-    """The previous index's ``id``, ``content_hash`` and ``minhash`` when its chunks are
-    reusable: dedupe then replays only what the changes reach."""
     batch_chunks: int = 256
     """Chunks per batch between dedupe and write."""
 

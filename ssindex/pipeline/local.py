@@ -19,9 +19,9 @@ from ssindex.pipeline.dag import BuildPlan
 from ssindex.pipeline.progress import Progress
 from ssindex.pipeline.rows import to_record_batch
 from ssindex.pipeline.timing import StageClock
-from ssindex.rows import IndexedChunk, SourceFile
+from ssindex.rows import IndexedChunk, SourceFile, StoredChunks
 from ssindex.stages.chunk import ChunkStats, chunk
-from ssindex.stages.dedupe import DedupeStats, dedupe, dedupe_changes
+from ssindex.stages.dedupe import Changes, DedupeStats, dedupe, dedupe_changes
 from ssindex.stages.embed import EmbedStats, embed
 from ssindex.stages.quantize import quantize
 from ssindex.stages.walk import WalkStats, walk
@@ -40,6 +40,11 @@ class RunStats:
     manifest: list[dict[str, Any]] = field(default_factory=list)
     row_ids: set[str] = field(default_factory=set)
     """Every chunk id of the new index, written or unchanged."""
+
+
+def _manifest_entry(source: SourceFile, chunk_ids: list[str]) -> dict[str, Any]:
+    return {"path": source.path, "size": source.size, "mtime_ns": source.mtime_ns,
+            "content_hash": source.content_hash, "chunk_ids": chunk_ids}
 
 
 def _rebatch(lists: Iterable[list[T]], size: int) -> Iterator[list[T]]:
@@ -87,22 +92,46 @@ def run_local(plan: BuildPlan, stats: RunStats, progress: Progress) -> Iterator[
     def track_chunks(per_file: Iterable[tuple[SourceFile, list[IndexedChunk]]],
                      ) -> Iterator[list[IndexedChunk]]:
         for source, rows in per_file:
-            stats.manifest.append({"path": source.path, "size": source.size,
-                                   "mtime_ns": source.mtime_ns,
-                                   "content_hash": source.content_hash,
-                                   "chunk_ids": [row.chunk.id for row in rows]})
+            stats.manifest.append(_manifest_entry(source, [row.chunk.id for row in rows]))
             progress.advance("chunk", len(rows))
             yield rows
 
     def producer() -> Iterator[list[IndexedChunk]]:
         files = clock.timed("walk", track_files(walk(plan.root, cfg.walk, stats.walk,
                                                      exclude=plan.index_path)), None)
-        per_file = clock.timed("chunk", chunk(files, cfg.chunk, stats.chunk, plan.stored),
-                               "walk")
-        batches = _rebatch(track_chunks(per_file), plan.batch_chunks)
-        deduped = (dedupe(batches, cfg.dedupe, stats.dedupe) if plan.previous_chunks is None
-                   else dedupe_changes(batches, cfg.dedupe, stats.dedupe, plan.previous_chunks))
-        yield from clock.timed("dedupe", deduped, "chunk")
+        if plan.previous is None:
+            per_file = clock.timed("chunk", chunk(files, cfg.chunk, stats.chunk), "walk")
+            batches = _rebatch(track_chunks(per_file), plan.batch_chunks)
+            yield from clock.timed("dedupe", dedupe(batches, cfg.dedupe, stats.dedupe), "chunk")
+            return
+        per_file = clock.timed("chunk", chunk(carry(files, plan.previous), cfg.chunk,
+                                              stats.chunk), "walk")
+        previous = plan.previous
+
+        def replay() -> Iterator[Changes]:
+            fresh = [row for rows in track_chunks(per_file) for row in rows]
+            order = [i for entry in stats.manifest for i in entry["chunk_ids"]]
+            yield dedupe_changes(fresh, order, cfg.dedupe, stats.dedupe, previous)
+
+        (replayed, settled), = clock.timed("dedupe", replay(), "chunk")
+        order = [i for entry in stats.manifest for i in entry["chunk_ids"]]
+        stats.embed.reused += settled
+        stats.row_ids.update(order)
+        progress.advance("embed", len(order) - len(replayed))
+        yield from _rebatch([replayed], plan.batch_chunks)
+
+    def carry(files: Iterable[SourceFile], previous: StoredChunks) -> Iterator[SourceFile]:
+        """The files to chunk; unchanged ones are only recorded, with their stored chunk ids."""
+        for source in files:
+            ids = previous.carried(source)
+            if ids is None:
+                yield source
+                continue
+            stats.chunk.files += 1
+            stats.chunk.files_unchanged += 1
+            stats.chunk.chunks += len(ids)
+            stats.manifest.append(_manifest_entry(source, ids))
+            progress.advance("chunk", len(ids))
 
     handed = clock.timed("wait", _prefetch(producer(), depth=8), None)
     embedded = clock.timed("embed", embed(handed, plan.encoder, plan.model_key, stats.embed,

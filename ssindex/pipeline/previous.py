@@ -3,54 +3,66 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Mapping
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ssindex.rows import Chunk, IndexedChunk, SourceFile
-from ssindex.store import Head, IndexDir, scan, stored_vectors
+from ssindex.store import Head, IndexDir, stored_vectors
 
 _CHUNK_FIELDS = tuple(f.name for f in dataclasses.fields(Chunk))
 
 
 @dataclass
 class PreviousIndex:
+    """The previous version's rows: the light columns of every row in memory, the rest
+    (text, codes, analyzed fields) taken from Lance for the few rows that need them.
+
+    Reading every column of the standard library's 62k rows took ~0.6 s and
+    turning them into Python objects ~1.5 s more, for a rebuild that touches a
+    handful of them."""
+
     head: Head
-    rows: pa.Table
+    chunks: pa.Table
+    """``id``, ``content_hash``, ``minhash``, ``dup_of``, ``embed_key``, ``row_digest``
+    of every row, in the table's order (row ``i`` is Lance offset ``i``)."""
     files: dict[str, tuple[str, list[str]]]
     """path → (content hash, chunk ids in file order), from the build manifest."""
     chunks_reusable: bool
     """Chunker and dedupe settings are unchanged, so unchanged files keep their chunks."""
     vectors_reusable: bool
     """Quantization is unchanged, so stored codes can stand in for embedding (by embed key)."""
+    dataset: Any = None
+    """The Lance dataset at the previous version."""
     position: dict[str, int] = field(default_factory=dict)
-    _vectors: dict[str, np.ndarray] | None = None
-    _columns: _Columns | None = None
-    _chunks: list[Chunk] | None = None
+    _exemplars: dict[str, int] | None = None
 
     @classmethod
     def load(cls, index: IndexDir, head: Head, fingerprint: str,
              quantization: str) -> PreviousIndex:
-        rows = scan(index.open_table(head.table_version), list(_ROW_COLUMNS))
+        dataset = index.open_table(head.table_version).to_lance()
+        chunks = dataset.to_table(columns=list(_LIGHT_COLUMNS))
         manifest = index.read_manifest(head.data["manifest"]).to_pylist()
         files = {m["path"]: (m["content_hash"], m["chunk_ids"]) for m in manifest}
-        previous = cls(head, rows, files,
+        previous = cls(head, chunks, files,
                        chunks_reusable=head.data["settings"]["fingerprint"] == fingerprint,
                        # float32 codes are exact: any quantization can start from them
-                       vectors_reusable=head.quantization in (quantization, "none"))
-        previous.position = {row_id: i for i, row_id in enumerate(rows.column("id").to_pylist())}
+                       vectors_reusable=head.quantization in (quantization, "none"),
+                       dataset=dataset)
+        previous.position = {row_id: i for i, row_id in enumerate(chunks.column("id").to_pylist())}
         return previous
 
     @property
     def digests(self) -> dict[str, str]:
-        return dict(zip(self.rows.column("id").to_pylist(),
-                        self.rows.column("row_digest").to_pylist(), strict=True))
+        return dict(zip(self.chunks.column("id").to_pylist(),
+                        self.chunks.column("row_digest").to_pylist(), strict=True))
 
-    def stored_chunks(self, source: SourceFile) -> list[IndexedChunk] | None:
-        """The unchanged file's chunks as stored, or ``None`` when it must be re-chunked."""
+    def carried(self, source: SourceFile) -> list[str] | None:
+        """The unchanged file's chunk ids, or ``None`` when it must be re-chunked."""
         if not self.chunks_reusable:
             return None
         entry = self.files.get(source.path)
@@ -58,59 +70,34 @@ class PreviousIndex:
             return None
         if any(chunk_id not in self.position for chunk_id in entry[1]):
             return None
-        if self._columns is None or self._chunks is None:
-            self._columns = _Columns(self.rows)
-            self._chunks = list(map(Chunk, *(self._columns[k] for k in _CHUNK_FIELDS)))
-        signatures = self._columns["minhash"]
-        return [IndexedChunk(self._chunks[p], stored=_StoredRow(self._columns, p),
-                             signature=signatures[p])
-                for p in (self.position[i] for i in entry[1])]
+        return entry[1]
+
+    def rows(self, positions: Sequence[int], columns: Sequence[str] = ()) -> pa.Table:
+        """Stored rows at ``positions`` (every column unless ``columns`` names some)."""
+        return self.dataset.take(list(positions), columns=list(columns or _ROW_COLUMNS))
+
+    def materialize(self, positions: Sequence[int]) -> list[IndexedChunk]:
+        """Stored rows at ``positions`` as chunks on their way through a build."""
+        if not positions:
+            return []
+        records = self.rows(positions).to_pylist()
+        return [IndexedChunk(Chunk(*(r[k] for k in _CHUNK_FIELDS)), stored=r,
+                             signature=r["minhash"]) for r in records]
 
     def vectors(self, keys: list[str]) -> dict[str, np.ndarray]:
         """Stored vectors (dequantized) of the embed keys the previous index holds."""
         if not self.vectors_reusable:
             return {}
-        if self._vectors is None:
-            exemplars = self.rows.filter(pa.compute.is_null(self.rows.column("dup_of")))
-            matrix = stored_vectors(exemplars, self.head.quantization, self.head.dim)
-            self._vectors = dict(zip(exemplars.column("embed_key").to_pylist(), matrix,
-                                     strict=True))
-        return {key: self._vectors[key] for key in keys if key in self._vectors}
-
-
-class _Columns:
-    """A table's columns as Python lists, each converted once, on first use."""
-
-    def __init__(self, table: pa.Table) -> None:
-        self.table = table
-        self._lists: dict[str, list[Any]] = {}
-
-    def __getitem__(self, name: str) -> list[Any]:
-        if name not in self._lists:
-            self._lists[name] = self.table.column(name).to_pylist()
-        return self._lists[name]
-
-
-class _StoredRow(Mapping[str, Any]):
-    """One row of the previous index, read through its columns.
-
-    Not ``to_pylist`` dicts: most rows of a rebuild only have their id, verdict and
-    codes read; converting all 18 columns of 62k rows into dicts cost ~1 s."""
-
-    __slots__ = ("_columns", "_index")
-
-    def __init__(self, columns: _Columns, index: int) -> None:
-        self._columns = columns
-        self._index = index
-
-    def __getitem__(self, name: str) -> Any:
-        return self._columns[name][self._index]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._columns.table.column_names)
-
-    def __len__(self) -> int:
-        return self._columns.table.num_columns
+        if self._exemplars is None:
+            exemplar = pc.is_null(self.chunks.column("dup_of")).to_numpy(zero_copy_only=False)
+            self._exemplars = {key: p for p, key in enumerate(
+                self.chunks.column("embed_key").to_pylist()) if exemplar[p]}
+        found = {key: self._exemplars[key] for key in keys if key in self._exemplars}
+        if not found:
+            return {}
+        codes = self.rows(list(found.values()), ["vec_codes", "vec_scale"])
+        matrix = stored_vectors(codes, self.head.quantization, self.head.dim)
+        return dict(zip(found, matrix, strict=True))
 
 
 def stale_reasons(previous: PreviousIndex | None, files: dict[str, str]) -> list[str]:
@@ -128,5 +115,6 @@ def stale_reasons(previous: PreviousIndex | None, files: dict[str, str]) -> list
     return reasons
 
 
+_LIGHT_COLUMNS = ("id", "content_hash", "minhash", "dup_of", "embed_key", "row_digest")
 _ROW_COLUMNS = (*_CHUNK_FIELDS, "dup_of", "embed_key", "minhash", "vec_codes", "vec_scale",
                 "lex_body", "lex_name", "row_digest")

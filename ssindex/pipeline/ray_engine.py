@@ -388,19 +388,21 @@ class _Run:
         """Blocks of changed files to send out; unchanged files' stored rows stay here."""
         block: list[dict[str, Any]] = []
         blocks: list[pa.Table] = []
-        stored: list[dict[str, Any]] = []
+        previous = self.plan.previous
+        positions: list[int] = []
+        ordinals: list[int] = []
         for ordinal, source in enumerate(walk(self.plan.root, self.cfg.walk, self.stats.walk,
                                               exclude=self.plan.index_path)):
             self.progress.advance("walk")
             entry = {"path": source.path, "size": source.size, "mtime_ns": source.mtime_ns,
                      "content_hash": source.content_hash, "chunk_ids": []}
             self.stats.manifest.append(entry)
-            kept = self.plan.stored(source) if self.plan.stored is not None else None
+            kept = previous.carried(source) if previous is not None else None
             if kept is not None:
                 self.stats.chunk.files_unchanged += 1
-                entry["chunk_ids"] = [row.chunk.id for row in kept]
-                stored += [{**(row.stored or {}), "ordinal": ordinal << _FILE_BITS | position}
-                           for position, row in enumerate(kept)]
+                entry["chunk_ids"] = kept
+                positions += [previous.position[i] for i in kept]  # type: ignore[union-attr]
+                ordinals += [ordinal << _FILE_BITS | position for position in range(len(kept))]
                 continue
             block.append({"file_ordinal": ordinal, **asdict(source)})
             if len(block) == self.options.files_per_block:
@@ -408,6 +410,9 @@ class _Run:
                 block = []
         if block:
             blocks.append(pa.Table.from_pylist(block, schema=_FILE_BLOCK))
+        stored = [] if self.previous is None or not positions else [
+            {**row, "ordinal": ordinal} for row, ordinal in
+            zip(self.previous.rows(positions).to_pylist(), ordinals, strict=True)]
         return blocks, stored
 
     def _chunk(self, blocks: list[pa.Table]) -> Any | None:
@@ -527,9 +532,10 @@ class _Run:
                 for row in batch.filter(wanted).to_pylist():
                     codes[row["id"]] = (row["vec_codes"], row["vec_scale"])
         if self.previous is not None and needed - codes.keys():
-            kept = self.previous.rows.filter(pc.is_in(self.previous.rows["id"], pa.array(
-                sorted(needed - codes.keys()))))
-            for row in kept.select(["id", "vec_codes", "vec_scale"]).to_pylist():
+            position = self.previous.position
+            kept = self.previous.rows([position[i] for i in sorted(needed - codes.keys())],
+                                      ["id", "vec_codes", "vec_scale"])
+            for row in kept.to_pylist():
                 codes[row["id"]] = (row["vec_codes"], row["vec_scale"])
         return rows.map_batches(select_rows, batch_format="pyarrow", batch_size=None,
                                 fn_kwargs={"duplicates": True}).map_batches(

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import PurePosixPath
@@ -122,24 +122,15 @@ class _Lines:
         return self.prefix[end + 1] - self.prefix[start]
 
 
-StoredChunks = Callable[[SourceFile], "list[IndexedChunk] | None"]
-"""The chunks an unchanged file already has in the index, or ``None``."""
-
-
 def chunk(
     files: Iterable[SourceFile], cfg: ChunkConfig, stats: ChunkStats,
-    stored: StoredChunks | None = None,
 ) -> Iterator[tuple[SourceFile, list[IndexedChunk]]]:
-    """Yield each file with its chunks, in input order; unchanged files reuse stored chunks."""
+    """Yield each file with its chunks, in input order."""
     for source in files:
         stats.files += 1
-        rows = stored(source) if stored is not None else None
-        if rows is not None:
-            stats.files_unchanged += 1
-        else:
-            chunks, chunker = chunk_file(source, cfg)
-            stats.chunkers[chunker] += 1
-            rows = [IndexedChunk(c) for c in chunks]
+        chunks, chunker = chunk_file(source, cfg)
+        stats.chunkers[chunker] += 1
+        rows = [IndexedChunk(c) for c in chunks]
         stats.chunks += len(rows)
         yield source, rows
 

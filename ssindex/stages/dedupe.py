@@ -39,11 +39,12 @@ from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import xxhash
 from datasketch import MinHash
 
 from ssindex.config import DedupeConfig
-from ssindex.rows import IndexedChunk
+from ssindex.rows import IndexedChunk, StoredChunks
 
 _WORD = re.compile(r"\w+")
 _MIX = np.array([0x9E3779B97F4A7C15 * (i + 1) % 2**64 for i in range(64)], dtype=np.uint64)
@@ -164,44 +165,62 @@ def dedupe(
         yield batch
 
 
-def dedupe_changes(
-    batches: Iterable[list[IndexedChunk]], cfg: DedupeConfig, stats: DedupeStats,
-    previous: pa.Table,
-) -> Iterator[list[IndexedChunk]]:
+class Changes(NamedTuple):
+    rows: list[IndexedChunk]
+    """The chunks whose verdict was replayed, in path order."""
+    settled_exemplars: int
+    """Stored exemplars whose verdict stands (nothing downstream sees them)."""
+
+
+def dedupe_changes(fresh: list[IndexedChunk], order: list[str], cfg: DedupeConfig,
+                   stats: DedupeStats, previous: StoredChunks) -> Changes:
     """``dedupe`` for an incremental build, replaying only the chunks a change can reach.
 
-    A chunk's verdict depends on the earlier chunks sharing its content hash or an
-    LSH band key, and on their verdicts. So only chunks linked, through chains of
-    shared keys, to a new chunk or to one of ``previous`` (the last build's ``id``,
-    ``content_hash`` and ``minhash``) that is gone can change verdict. That linked
-    set is closed under sharing a key: replaying the streaming ``Deduper`` over it
-    alone, in path order, gives the verdicts of a full replay; every other chunk
-    keeps its stored one. Needs every batch before the first verdict."""
-    held = list(batches)
-    rows = [row for batch in held for row in batch]
+    ``fresh`` are the chunks of new and changed files; ``order`` lists every chunk
+    id of the new index in path order, the others being stored chunks of unchanged
+    files. A chunk's verdict depends on the earlier chunks sharing its content hash
+    or an LSH band key, and on their verdicts. So only chunks linked, through chains
+    of shared keys, to a fresh chunk or to a stored one that is gone can change
+    verdict. That linked set is closed under sharing a key: replaying the streaming
+    ``Deduper`` over it alone, in path order, gives the verdicts of a full replay.
+    Every other stored chunk keeps its verdict, and is never made into an object."""
     deduper = Deduper(cfg)
-    for row in rows:
-        if row.signature is None and row.stored is None:
+    for row in fresh:
+        if row.signature is None:
             row.signature = deduper.sign(row.chunk.text)
-    carried = {row.chunk.id for row in rows if row.stored is not None}
-    gone = previous.filter(pa.array([i not in carried for i in previous.column("id").to_pylist()],
-                                    pa.bool_()))
-    _, gone_keys = _link_keys(gone.column("content_hash").to_pylist(),
-                              gone.column("minhash").to_pylist(), deduper.rows_per_band)
-    owner, key = _link_keys([row.chunk.content_hash for row in rows],
-                            [row.signature for row in rows], deduper.rows_per_band)
-    reached = _linked(owner, key, np.array([row.stored is None for row in rows], dtype=bool),
-                      gone_keys)
-    deduper.classify([row for row, hit in zip(rows, reached, strict=True) if hit], stats)
-    seen: set[str] = set()
-    for row, hit in zip(rows, reached, strict=True):
-        if not hit and row.stored is not None:
-            row.dup_of = row.stored["dup_of"]
-            if row.dup_of is not None:  # counted as the streaming deduper counts it
-                stats.exact += row.chunk.content_hash in seen
-                stats.near += row.chunk.content_hash not in seen
-        seen.add(row.chunk.content_hash)
-    yield from held
+    by_id = {row.chunk.id: row for row in fresh}
+    is_fresh = np.fromiter((i in by_id for i in order), bool, len(order))
+    stored = np.array([previous.position[i] for i in order if i not in by_id], np.int64)
+    table = previous.chunks
+    hashes, signatures = (table.column(c).to_pylist() for c in ("content_hash", "minhash"))
+    fresh_hashes = iter([row.chunk.content_hash for row in fresh])
+    fresh_signatures = iter([row.signature for row in fresh])
+    stored_at = iter(stored.tolist())
+    ordered = [(next(fresh_hashes), next(fresh_signatures)) if new else
+               (hashes[(p := next(stored_at))], signatures[p]) for new in is_fresh]
+    gone = np.ones(len(table), bool)
+    gone[stored] = False
+    positions = np.flatnonzero(gone)
+    _, gone_keys = _link_keys([hashes[p] for p in positions], [signatures[p] for p in positions],
+                              deduper.rows_per_band)
+    owner, key = _link_keys([h for h, _ in ordered], [s for _, s in ordered],
+                            deduper.rows_per_band)
+    reached = _linked(owner, key, is_fresh, gone_keys)
+    replayed = iter(previous.materialize(stored[reached[~is_fresh]].tolist()))
+    rows = [by_id[i] if new else next(replayed)
+            for i, new, hit in zip(order, is_fresh, reached, strict=True) if hit]
+    deduper.classify(rows, stats)
+    settled = stored[~reached[~is_fresh]]
+    settled_dups = pc.is_valid(table.column("dup_of").take(pa.array(settled))).to_numpy(
+        zero_copy_only=False)
+    # counted as the streaming deduper counts them: exact when the content came earlier
+    hash_keys = key[:len(order)]
+    _, first, inverse = np.unique(hash_keys, return_index=True, return_inverse=True)
+    repeated = first[inverse] < np.arange(len(order))
+    settled_repeated = repeated[~is_fresh][~reached[~is_fresh]]
+    stats.exact += int(np.sum(settled_dups & settled_repeated))
+    stats.near += int(np.sum(settled_dups & ~settled_repeated))
+    return Changes(rows, int(np.sum(~settled_dups)))
 
 
 def _link_keys(hashes: list[str], signatures: list[bytes | None], rows_per_band: int,
