@@ -19,6 +19,8 @@ are the analyzer's (``ssindex.lexical``), split on spaces.
 
 from __future__ import annotations
 
+import bisect
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -36,7 +38,7 @@ NAME_WEIGHT_IDENTIFIER = 2.0
 @dataclass(frozen=True)
 class Postings:
     terms: pa.Array
-    """Term t's text is ``terms[t]``."""
+    """Term t's text is ``terms[t]``; sorted (by UTF-8 bytes, as Arrow sorts strings)."""
     offsets: np.ndarray
     """Term t's postings are ``docs[offsets[t]:offsets[t + 1]]``, one per field it occurs in."""
     docs: np.ndarray
@@ -54,8 +56,8 @@ class Postings:
     so stored with the docs (the search snapshot), not in ``to_table``."""
 
     @cached_property
-    def vocabulary(self) -> dict[str, int]:
-        return {word: i for i, word in enumerate(self.terms.to_pylist())}
+    def vocabulary(self) -> SortedTerms:
+        return SortedTerms(self.terms)
 
     @classmethod
     def build(cls, body: pa.ChunkedArray | pa.Array, name: pa.ChunkedArray | pa.Array,
@@ -63,40 +65,61 @@ class Postings:
         """Postings of the documents (rows) of two fields of space-separated terms."""
         fields = [_tokens(column) for column in (body, name)]
         terms = pc.unique(pa.concat_arrays([words for words, *_ in fields]))
-        return cls._assemble(terms, *_entries(fields, terms, 0))
+        terms = terms.take(pc.sort_indices(terms))
+        remaps = [pc.index_in(words, value_set=terms).to_numpy(zero_copy_only=False)
+                  for words, *_ in fields]
+        term, docs, tf, in_name, lengths = _entries(fields, remaps, 0)
+        order = np.argsort(term, kind="stable")
+        return cls._assemble(terms, term[order], docs[order], tf[order], in_name[order],
+                             lengths)
 
     def update(self, keep: np.ndarray, body: pa.ChunkedArray | pa.Array,
                name: pa.ChunkedArray | pa.Array) -> Postings:
         """These postings without the docs not in ``keep`` (a mask), followed by new docs
         with fields ``body`` and ``name``: the postings ``build`` would give for the docs
-        in that order, tokenizing only the new ones."""
+        in that order (up to the order of a term's postings), tokenizing only the new
+        ones. Kept postings stay sorted by term; the few new ones are merged in."""
         if self.lengths is None:
             raise ValueError("postings without doc lengths cannot be updated")
-        term = np.repeat(np.arange(len(self.terms)), np.diff(self.offsets))
-        kept = keep[self.docs]
-        position = np.cumsum(keep) - 1
         fields = [_tokens(column) for column in (body, name)]
-        words = pc.unique(pa.concat_arrays([words for words, *_ in fields]))
-        unseen = words.filter(pc.invert(pc.is_in(words, value_set=self.terms)))
-        terms = pa.concat_arrays([self.terms, unseen.cast(pa.string())])
-        added = _entries(fields, terms, int(keep.sum()))
-        return self._assemble(
-            terms, np.concatenate([term[kept], added[0]]),
-            np.concatenate([position[self.docs[kept]], added[1]]),
-            np.concatenate([self.tf[kept], added[2]]),
-            np.concatenate([self.in_name[kept], added[3]]),
-            np.concatenate([self.lengths[:, keep], added[4]], axis=1))
+        words = pc.unique(pa.concat_arrays([words for words, *_ in fields])).to_pylist()
+        vocabulary = self.vocabulary
+        unseen = sorted({w for w in words if w not in vocabulary}, key=str.encode)
+        # old term i moves up by the unseen terms sorting before it
+        slots = np.array([vocabulary.insertion(w) for w in unseen], np.int64)
+        moved = np.arange(len(self.terms)) + np.searchsorted(slots, np.arange(len(self.terms)),
+                                                             side="right")
+        placed = slots + np.arange(len(unseen))
+        order = np.empty(len(self.terms) + len(unseen), np.int64)
+        order[moved], order[placed] = np.arange(len(self.terms)), len(self.terms) + np.arange(
+            len(unseen))
+        terms = pa.concat_arrays([self.terms, pa.array(unseen, pa.string())]).take(
+            pa.array(order))
+        known = {w: int(moved[vocabulary[w]]) for w in words if w in vocabulary}
+        known.update(zip(unseen, placed.tolist(), strict=True))
+        remaps = [np.array([known[w] for w in field_words.to_pylist()], np.int64)
+                  for field_words, *_ in fields]
+        added = _entries(fields, remaps, int(keep.sum()))
+        new_order = np.argsort(added[0], kind="stable")
+        term = np.repeat(moved, np.diff(self.offsets))
+        kept = keep[self.docs]
+        old = (term[kept], (np.cumsum(keep) - 1)[self.docs[kept]], self.tf[kept],
+               self.in_name[kept])
+        at = np.searchsorted(old[0], added[0][new_order], side="right")
+        term, docs, tf, in_name = (np.insert(a, at, b[new_order])
+                                   for a, b in zip(old, added[:4], strict=True))
+        return self._assemble(terms, term, docs, tf, in_name,
+                              np.concatenate([self.lengths[:, keep], added[4]], axis=1))
 
     @classmethod
     def _assemble(cls, terms: pa.Array, term: np.ndarray, docs: np.ndarray, tf: np.ndarray,
                   in_name: np.ndarray, lengths: np.ndarray) -> Postings:
-        """Postings sorted by term (unused terms dropped), with BM25 impacts per field."""
+        """Postings of entries sorted by term (unused terms dropped), with BM25 impacts
+        per field."""
         used = np.bincount(term, minlength=len(terms)) > 0
         if not used.all():
             terms = terms.filter(pa.array(used))
             term = (np.cumsum(used) - 1)[term]
-        order = np.argsort(term, kind="stable")
-        term, docs, tf, in_name = term[order], docs[order], tf[order], in_name[order]
         offsets = np.zeros(len(terms) + 1, np.int64)
         np.cumsum(np.bincount(term, minlength=len(terms)), out=offsets[1:])
         impacts = np.empty(len(term), np.float64)
@@ -183,13 +206,13 @@ def _tokens(column: pa.ChunkedArray | pa.Array,
 
 
 def _entries(fields: list[tuple[pa.Array, np.ndarray, np.ndarray, np.ndarray, np.ndarray]],
-             terms: pa.Array, first_doc: int,
+             remaps: list[np.ndarray], first_doc: int,
              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The (term, doc, tf, in_name) entries and (2, docs) lengths of tokenized body and
-    name fields, with term ids into ``terms`` and docs numbered from ``first_doc``."""
+    name fields; ``remaps[f]`` maps field f's word indices to term ids, and docs are
+    numbered from ``first_doc``."""
     term, docs, tf, in_name = [], [], [], []
-    for field, (words, word, doc, counts, _) in enumerate(fields):
-        remap = pc.index_in(words, value_set=terms).to_numpy(zero_copy_only=False)
+    for field, ((_, word, doc, counts, _), remap) in enumerate(zip(fields, remaps, strict=True)):
         term.append(remap[word].astype(np.int64))
         docs.append(doc + first_doc)
         tf.append(counts)
@@ -197,3 +220,45 @@ def _entries(fields: list[tuple[pa.Array, np.ndarray, np.ndarray, np.ndarray, np
     lengths = np.stack([fields[0][4], fields[1][4]])
     return (np.concatenate(term), np.concatenate(docs), np.concatenate(tf),
             np.concatenate(in_name), lengths)
+
+
+class SortedTerms(Mapping[str, int]):
+    """Term → id over the postings' sorted terms, by binary search in the Arrow buffers.
+
+    Not a dict: building one over the ~400k terms of a standard-library index costs
+    ~0.2 s, in every build and every cold search, for a handful of lookups."""
+
+    def __init__(self, terms: pa.Array) -> None:
+        self._terms = terms
+        self._offsets = np.frombuffer(terms.buffers()[1], np.int32)[
+            terms.offset : terms.offset + len(terms) + 1] if len(terms) else np.zeros(1, np.int32)
+        data = terms.buffers()[2]
+        self._data = memoryview(data) if data is not None else memoryview(b"")
+
+    def _key(self, i: int) -> bytes:
+        return bytes(self._data[self._offsets[i] : self._offsets[i + 1]])
+
+    def insertion(self, term: str) -> int:
+        """Where ``term`` sorts among the terms (its id when present)."""
+        return bisect.bisect_left(range(len(self._terms)), term.encode(), key=self._key)
+
+    def _find(self, term: object) -> int | None:
+        if not isinstance(term, str):
+            return None
+        i = self.insertion(term)
+        return i if i < len(self._terms) and self._key(i) == term.encode() else None
+
+    def __getitem__(self, term: str) -> int:
+        i = self._find(term)
+        if i is None:
+            raise KeyError(term)
+        return i
+
+    def __contains__(self, term: object) -> bool:
+        return self._find(term) is not None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._terms.to_pylist())
+
+    def __len__(self) -> int:
+        return len(self._terms)
