@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import PurePosixPath
-
 _BY_SUFFIX: dict[str, str] = {
     ".py": "python", ".pyi": "python", ".pyw": "python",
     ".js": "javascript", ".mjs": "javascript", ".cjs": "javascript", ".jsx": "javascript",
@@ -33,7 +31,8 @@ AST_LANGUAGES: frozenset[str] = frozenset({
 
 def detect_language(path: str) -> str | None:
     """The language of a file from its name alone, or ``None`` when unknown."""
-    name = PurePosixPath(path).name
+    name = path.rpartition("/")[2]  # not PurePosixPath: this runs for every file of a walk
     if name in _BY_NAME:
         return _BY_NAME[name]
-    return _BY_SUFFIX.get(PurePosixPath(name).suffix.lower())
+    dot = name.rfind(".")
+    return _BY_SUFFIX.get(name[dot:].lower()) if 0 < dot < len(name) - 1 else None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -157,3 +158,25 @@ def test_calibrate_stores_winners_that_doctor_and_auto_use(
     assert report["calibrated"]["embed_query"]["backend"] == record["phases"]["embed_query"][
         "backend"]
     assert report["phases"]["embed_query"]["reason"].startswith("calibrated winner")
+
+
+def test_model_fingerprint_is_remembered_until_a_file_is_rewritten(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fingerprint is the model's content hash; the remembered one stands only while
+    no file was rewritten, even one rewritten in place with its size and mtime kept."""
+    monkeypatch.setenv("SSINDEX_CACHE_DIR", str(tmp_path / "cache"))
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"hidden_size": 4}')
+    weights = model / "model.safetensors"
+    weights.write_bytes(b"A" * 64)
+    first = ModelSpec(model, "m").fingerprint
+    assert list((tmp_path / "cache" / "fingerprints").iterdir())
+    assert ModelSpec(model, "m").fingerprint == first
+    stat = weights.stat()
+    weights.write_bytes(b"B" * 64)
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    second = ModelSpec(model, "m").fingerprint
+    assert second != first
+    weights.write_bytes(b"A" * 64)
+    assert ModelSpec(model, "m").fingerprint == first

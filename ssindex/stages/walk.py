@@ -142,7 +142,7 @@ def _walk_dir(
         if reason:
             stats.skipped[reason] += 1
             continue
-        source = _read(Path(entry.path), rel, cfg, stats)
+        source = _read(entry.path, rel, cfg, stats)
         if source is not None:
             yield source
 
@@ -182,16 +182,16 @@ def _link_reason(root: Path, path: Path) -> str | None:
     return None
 
 
-def _read(path: Path, rel: str, cfg: WalkConfig, stats: WalkStats) -> SourceFile | None:
+def _read(path: str, rel: str, cfg: WalkConfig, stats: WalkStats) -> SourceFile | None:
     try:
-        st = path.stat()
+        st = os.stat(path)
         if not stat.S_ISREG(st.st_mode):
             stats.skipped["not_regular"] += 1
             return None
         if st.st_size > cfg.max_file_bytes:
             stats.skipped["too_large"] += 1
             return None
-        with path.open("rb") as handle:
+        with open(path, "rb") as handle:
             data = handle.read(cfg.max_file_bytes + 1)
     except FileNotFoundError:
         stats.skipped["vanished"] += 1
