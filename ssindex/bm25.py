@@ -122,19 +122,20 @@ class Postings:
             term = (np.cumsum(used) - 1)[term]
         offsets = np.zeros(len(terms) + 1, np.int64)
         np.cumsum(np.bincount(term, minlength=len(terms)), out=offsets[1:])
-        impacts = np.empty(len(term), np.float64)
         size = lengths.shape[1]
-        for field in (0, 1):
-            mask = in_name == bool(field)
-            df = np.bincount(term[mask], minlength=len(terms))
-            idf = np.log1p((size - df + 0.5) / (df + 0.5))
-            average = max(float(lengths[field].mean()), 1e-9) if size else 1.0
-            field_tf = tf[mask].astype(np.float64)
-            norm = K1 * (1 - B + B * lengths[field][docs[mask]] / average)
-            impacts[mask] = idf[term[mask]] * field_tf * (K1 + 1) / (field_tf + norm)
-        counts = np.bincount(term, weights=tf, minlength=len(terms)).astype(np.int64)
+        field = in_name.astype(np.int64)
+        cell = term * 2 + field  # (term, field) pairs, each with its own document frequency
+        df = np.bincount(cell, minlength=2 * len(terms))
+        idf = np.log1p((size - df + 0.5) / (df + 0.5)).astype(np.float32)
+        average = np.maximum(lengths.mean(axis=1), 1e-9) if size else np.ones(2)
+        slope = (K1 * B / average).astype(np.float32)
+        field_tf = tf.astype(np.float32)
+        norm = np.float32(K1 * (1 - B)) + lengths[field, docs].astype(np.float32) * slope[field]
+        impacts = idf[cell] * field_tf * np.float32(K1 + 1) / (field_tf + norm)
+        counts = (np.add.reduceat(tf.astype(np.int64), offsets[:-1]) if len(term)
+                  else np.zeros(len(terms), np.int64))
         return cls(terms, offsets, docs.astype(np.int32), tf.astype(np.int32), in_name,
-                   impacts.astype(np.float32), counts, size, lengths.astype(np.int32))
+                   impacts, counts, size, lengths.astype(np.int32))
 
     def to_table(self) -> pa.Table:
         """One row per term: its collection count and postings as lists (the list offsets

@@ -7,7 +7,15 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ssindex.abstain import nonsense_queries
+import numpy as np
+
+from ssindex.abstain import (
+    CALIBRATION_QUERIES,
+    TermStats,
+    calibrate,
+    nonsense_queries,
+    recalibrate,
+)
 from ssindex.evaluate import metrics
 from ssindex.search import Searcher
 
@@ -71,3 +79,32 @@ def test_nonsense_abstains_and_real_queries_answer(
     response = cli_json("search", nonsense[0], "--index", str(root / ".ssindex"),
                         "--no-abstain")
     assert response["abstained"] is False and response["results"]
+
+
+def test_incremental_recalibration_equals_a_full_one() -> None:
+    """Thresholds updated from the written rows alone equal those calibrated over every
+    row, and the update declines when the row the semantic threshold rests on is gone."""
+    rng = np.random.default_rng(0)
+    queries = rng.normal(size=(CALIBRATION_QUERIES, 16)).astype(np.float32)
+
+    def embed(texts: list[str]) -> np.ndarray:
+        assert len(texts) == len(queries)
+        return queries
+
+    stats = TermStats({"gate": 0, "parse": 1}, np.array([3, 40]))
+    matrix = rng.normal(size=(300, 16)).astype(np.float32)
+    ids = [f"r{i}" for i in range(300)]
+    before = calibrate(stats, matrix, ids, embed)
+    assert before.nearest in ids
+    for scale in (0.5, 3.0):  # new rows below, then above, the previous best cosine
+        written = rng.normal(size=(5, 16)).astype(np.float32) * scale
+        new_ids = [f"n{i}-{scale}" for i in range(5)]
+        removed = {i for i in ids[:50] if i != before.nearest}
+        kept = [i for i, row_id in enumerate(ids) if row_id not in removed]
+        full = calibrate(stats, np.concatenate([matrix[kept], written]),
+                         [ids[i] for i in kept] + new_ids, embed)
+        updated = recalibrate(before, stats, written, new_ids, removed, embed)
+        assert updated is not None and updated.nearest == full.nearest
+        assert updated.lexical == full.lexical
+        assert abs(updated.nearest_cosine - full.nearest_cosine) < 1e-5
+    assert recalibrate(before, stats, written, new_ids, {before.nearest}, embed) is None

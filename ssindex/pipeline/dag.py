@@ -35,6 +35,8 @@ class BuildPlan:
     what the changes reach."""
     checkpoint: Callable[[list[str], np.ndarray], None] | None = None
     """Receives freshly embedded vectors as they are made."""
+    on_change: Callable[[], None] | None = None
+    """Called when an incremental build meets its first new or changed file."""
     batch_chunks: int = 256
     """Chunks per batch between dedupe and write."""
 

@@ -122,9 +122,13 @@ def run_local(plan: BuildPlan, stats: RunStats, progress: Progress) -> Iterator[
 
     def carry(files: Iterable[SourceFile], previous: StoredChunks) -> Iterator[SourceFile]:
         """The files to chunk; unchanged ones are only recorded, with their stored chunk ids."""
+        changed = False
         for source in files:
             ids = previous.carried(source)
             if ids is None:
+                if not changed and plan.on_change is not None:
+                    plan.on_change()
+                changed = True
                 yield source
                 continue
             stats.chunk.files += 1
