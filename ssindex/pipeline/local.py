@@ -104,20 +104,19 @@ def run_local(plan: BuildPlan, stats: RunStats, progress: Progress) -> Iterator[
             batches = _rebatch(track_chunks(per_file), plan.batch_chunks)
             yield from clock.timed("dedupe", dedupe(batches, cfg.dedupe, stats.dedupe), "chunk")
             return
-        per_file = clock.timed("chunk", chunk(carry(files, plan.previous), cfg.chunk,
-                                              stats.chunk), "walk")
         previous = plan.previous
+        per_file = clock.timed("chunk", chunk(carry(files, previous), cfg.chunk, stats.chunk),
+                               "walk")
 
         def replay() -> Iterator[Changes]:
             fresh = [row for rows in track_chunks(per_file) for row in rows]
             order = [i for entry in stats.manifest for i in entry["chunk_ids"]]
+            stats.row_ids.update(order)
             yield dedupe_changes(fresh, order, cfg.dedupe, stats.dedupe, previous)
 
-        (replayed, settled), = clock.timed("dedupe", replay(), "chunk")
-        order = [i for entry in stats.manifest for i in entry["chunk_ids"]]
+        replayed, settled = next(clock.timed("dedupe", replay(), "chunk"))
         stats.embed.reused += settled
-        stats.row_ids.update(order)
-        progress.advance("embed", len(order) - len(replayed))
+        progress.advance("embed", stats.chunk.chunks - len(replayed))
         yield from _rebatch([replayed], plan.batch_chunks)
 
     def carry(files: Iterable[SourceFile], previous: StoredChunks) -> Iterator[SourceFile]:
