@@ -62,8 +62,8 @@ class TermStats:
 
     def grounding(self, query: str) -> float:
         """Summed IDF of the query's distinct terms that occur in the corpus."""
-        return sum(math.log(1 + self.total / int(self.counts[self.vocabulary[t]]))
-                   for t in set(query_terms(query).split()) if t in self.vocabulary)
+        found = (self.vocabulary.get(t) for t in set(query_terms(query).split()))
+        return sum(math.log(1 + self.total / int(self.counts[i])) for i in found if i is not None)
 
 
 def nonsense_queries(count: int, seed: int) -> list[str]:

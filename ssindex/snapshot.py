@@ -29,7 +29,7 @@ from ssindex.abstain import TermStats
 from ssindex.bm25 import Postings
 from ssindex.store import IndexDir, numeric_view, scan
 
-SEARCH_FILES_VERSION = 5
+SEARCH_FILES_VERSION = 6
 SNAPSHOT_COLUMNS = ["id", "path", "start_line", "end_line", "language", "symbol", "kind", "text",
                     "vec_codes", "vec_scale"]
 _LENGTHS = ["body_terms", "name_terms"]

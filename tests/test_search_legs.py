@@ -3,6 +3,7 @@ postings against a direct computation, and the sign-bit shortlist against an exa
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 from pathlib import Path
@@ -13,7 +14,7 @@ import pyarrow as pa
 import pytest
 
 from ssindex import build, search
-from ssindex.bm25 import K1, B, Postings
+from ssindex.bm25 import K1, B, Postings, SortedTerms
 from ssindex.lexical import analyze
 from ssindex.store import IndexDir, scan
 
@@ -113,3 +114,20 @@ def test_incremental_search_files_equal_rebuilt_ones(tmp_path: Path,
     assert (dict(zip(updated.vocabulary, updated.counts.tolist(), strict=True))
             == dict(zip(fresh.vocabulary, fresh.counts.tolist(), strict=True)))
     assert "twice" in updated.vocabulary and "extra" in updated.vocabulary
+
+
+def test_sorted_terms_find_and_place_like_a_sorted_list() -> None:
+    """Term lookups binary-search Arrow buffers through 8-byte prefixes: they must agree
+    with a plain sorted list, for terms sharing long prefixes and non-ASCII ones too."""
+    words = sorted({"a", "ab", "abcdefgh", "abcdefghi", "abcdefghij", "abcdefgh\0", "zz", "é",
+                    "ée", "parse_json_document", "parse_json_documents", "x" * 40, "b"},
+                   key=str.encode)
+    terms = SortedTerms(pa.array(words, pa.string()).slice(0))
+    keys = [w.encode() for w in words]
+    for probe in [*words, "", "aa", "abcdefgh0", "abcdefghia", "parse_json", "ë", "zzz", "0"]:
+        assert terms.insertion(probe) == bisect.bisect_left(keys, probe.encode()), probe
+        assert (probe in terms) == (probe in words), probe
+    assert [terms[w] for w in words] == list(range(len(words)))
+    assert list(terms) == words and len(terms) == len(words)
+    assert "" not in SortedTerms(pa.array([], pa.string())) and "a" in SortedTerms(
+        pa.array(["b", "a"], pa.string()).slice(1))
