@@ -26,7 +26,6 @@ from functools import cached_property
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from ssindex.store import numeric_view
 
@@ -65,6 +64,8 @@ class Postings:
     def build(cls, body: pa.ChunkedArray | pa.Array, name: pa.ChunkedArray | pa.Array,
               ) -> Postings:
         """Postings of the documents (rows) of two fields of space-separated terms."""
+        import pyarrow.compute as pc  # here, not above: searches never need it (~0.1 s)
+
         fields = [_tokens(column) for column in (body, name)]
         terms = pc.unique(pa.concat_arrays([words for words, *_ in fields]))
         terms = terms.take(pc.sort_indices(terms))
@@ -83,6 +84,8 @@ class Postings:
         ones. Kept postings stay sorted by term; the few new ones are merged in."""
         if self.lengths is None:
             raise ValueError("postings without doc lengths cannot be updated")
+        import pyarrow.compute as pc
+
         fields = [_tokens(column) for column in (body, name)]
         words = pc.unique(pa.concat_arrays([words for words, *_ in fields])).to_pylist()
         vocabulary = self.vocabulary
@@ -194,6 +197,8 @@ def _tokens(column: pa.ChunkedArray | pa.Array,
             ) -> tuple[pa.Array, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """One field's (words, word index, doc, term frequency) entries, one per distinct
     (word, doc), and each doc's length in terms."""
+    import pyarrow.compute as pc
+
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks()
     size = len(column)

@@ -341,13 +341,6 @@ def numeric_view(array: pa.Array | pa.ChunkedArray, dtype: type[np.generic]) -> 
     return np.frombuffer(array.buffers()[1], dtype)[array.offset : array.offset + len(array)]
 
 
-def take_rows(table: pa.Table, positions: list[int]) -> pa.Table:
-    """The rows of ``table`` at ``positions`` (no pandas import: see ``numeric_view``)."""
-    indices = np.asarray(positions, np.int64)
-    return table.take(pa.Array.from_buffers(pa.int64(), len(indices),
-                                            [None, pa.py_buffer(indices)]))
-
-
 def stored_vectors(rows: pa.Table, method: str, dim: int) -> np.ndarray:
     """The float32 vectors of rows with ``vec_codes`` and ``vec_scale`` columns."""
     return dequantize_matrix(binary_matrix(rows.column("vec_codes").combine_chunks()),

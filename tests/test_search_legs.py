@@ -6,6 +6,8 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -131,3 +133,20 @@ def test_sorted_terms_find_and_place_like_a_sorted_list() -> None:
     assert list(terms) == words and len(terms) == len(words)
     assert "" not in SortedTerms(pa.array([], pa.string())) and "a" in SortedTerms(
         pa.array(["b", "a"], pa.string()).slice(1))
+
+
+def test_a_search_process_imports_no_build_machinery(
+        stdlib_index: tuple[Path, dict[str, Any]]) -> None:
+    """A cold search pays for every import: it must not load LanceDB, torch, pandas or
+    pyarrow.compute (each 0.1 s to seconds), only the search files and the query model.
+    (The first search on a machine may export the ONNX query model with torch, once.)"""
+    root, _ = stdlib_index
+    probe = ("import sys\nfrom ssindex.search import Searcher\n"
+             f"response = Searcher({str(root / '.ssindex')!r}).search('decode json', k=3)\n"
+             "assert response.results, response\n"
+             "print(sorted(m for m in ('lancedb', 'lance', 'torch', 'pandas', 'pyarrow.compute',"
+             " 'transformers') if m in sys.modules))")
+    for _ in range(2):
+        out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                             check=True).stdout
+    assert out.strip() == "[]"
