@@ -150,3 +150,22 @@ def test_a_search_process_imports_no_build_machinery(
         out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                              check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_shortlist_ranks_the_farthest_sign_patterns_last(
+        stdlib_index: tuple[Path, dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hamming distances reach 384 bits: they must not wrap around (as a uint8 sum would,
+    shortlisting a row with every sign opposite to the query's)."""
+    root, _ = stdlib_index
+    searcher = search.Searcher(root / ".ssindex")
+    vector = searcher.embed_query("decode json from a string")
+    searcher._shortlist(vector)  # builds the sign words of every row
+    query = search._sign_words(vector[None, :] > 0)[0]
+    signs = np.random.default_rng(0).integers(0, 2**63, size=searcher._signs.shape,
+                                              dtype=np.int64).astype(np.uint64)
+    signs[:, 0] = ~query  # every sign opposite: distance 384
+    signs[:, 1] = query  # every sign equal: distance 0
+    monkeypatch.setattr(searcher, "_signs", signs)
+    monkeypatch.setattr(search, "SHORTLIST", 100)
+    shortlist = searcher._shortlist(vector)
+    assert 1 in shortlist and 0 not in shortlist and 100 <= len(shortlist) < 200
