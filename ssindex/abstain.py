@@ -44,7 +44,7 @@ class Thresholds:
     """Id of the row that a nonsense query came closest to (what ``semantic`` rests on)."""
     nearest_cosine: float = 0.0
 
-    def as_json(self) -> dict[str, float]:
+    def as_json(self) -> dict[str, Any]:
         return asdict(self)
 
 
