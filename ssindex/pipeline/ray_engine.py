@@ -397,11 +397,10 @@ class _Run:
             entry = {"path": source.path, "size": source.size, "mtime_ns": source.mtime_ns,
                      "content_hash": source.content_hash, "chunk_ids": []}
             self.stats.manifest.append(entry)
-            kept = previous.carried(source) if previous is not None else None
-            if kept is not None:
+            if previous is not None and (kept := previous.carried(source)) is not None:
                 self.stats.chunk.files_unchanged += 1
                 entry["chunk_ids"] = kept
-                positions += [previous.position[i] for i in kept]  # type: ignore[union-attr]
+                positions += [previous.position[i] for i in kept]
                 ordinals += [ordinal << _FILE_BITS | position for position in range(len(kept))]
                 continue
             block.append({"file_ordinal": ordinal, **asdict(source)})
