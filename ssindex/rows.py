@@ -21,6 +21,11 @@ class SourceFile:
     size: int
     mtime_ns: int
     content_hash: str
+    ctime_ns: int = 0
+    inode: int = 0
+    read: bool = True
+    """False when the walk trusted the previous manifest instead of reading the file
+    (same size, mtime, ctime and inode): ``text`` is then empty (``walk.reread``)."""
 
 
 @dataclass(frozen=True, slots=True)

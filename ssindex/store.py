@@ -69,6 +69,8 @@ MANIFEST_SCHEMA = pa.schema([
     ("mtime_ns", pa.int64()),
     ("content_hash", pa.string()),
     ("chunk_ids", pa.list_(pa.string())),
+    ("ctime_ns", pa.int64()),
+    ("inode", pa.int64()),
 ])
 
 

@@ -246,3 +246,30 @@ def test_many_small_rebuilds_keep_the_table_compact(tmp_path: Path) -> None:
     assert max(counts) == MAX_FRAGMENTS and counts[-1] < max(counts), counts
     hits = Searcher(root / ".ssindex").search(f"edited_part_{rounds - 1}", k=1)
     assert hits.results[0]["symbol"] == f"edited_part_{rounds - 1}"
+
+
+def test_rebuild_reads_only_files_whose_stat_changed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unchanged files are trusted by size, mtime, ctime and inode and not read; an edit
+    that keeps the size and restores the mtime still moves the ctime, so it is read."""
+    from ssindex import build
+
+    monkeypatch.setattr("ssindex.pipeline.previous.STAT_MARGIN_NS", 0)  # no 2 s wait
+    root = _tree(tmp_path)
+    first = build(root)
+    assert first["files_read"] == first["files_indexed"] >= 5
+    again = build(root)
+    assert again["files_read"] == 0 and again["rows_written"] == 0
+    assert run_cli("build", str(root), "--check", check=False).returncode == 0
+    decoder = root / "json" / "decoder.py"
+    before = decoder.stat()
+    text = decoder.read_text()
+    decoder.write_text(text.replace("def py_scanstring(", "def py_scanstrinq("))
+    os.utime(decoder, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert decoder.stat().st_size == before.st_size
+    assert run_cli("build", str(root), "--check", check=False).returncode == 1
+    edited = build(root)
+    assert edited["files_read"] == 1 and edited["files_changed"] == 1
+    assert edited["chunks_embedded"] >= 1
+    hits = cli_json("search", "py_scanstrinq", "--index", str(root / ".ssindex"), "-k", "1")
+    assert hits["results"][0]["symbol"].endswith("py_scanstrinq")

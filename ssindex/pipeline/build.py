@@ -154,7 +154,8 @@ def check(root: Path, index_path: str | os.PathLike[str] | None = None,
     root = check_root(Path(root))
     index = IndexDir(resolve_index(index_path) if index_path else default_index_path(root))
     previous = _previous(index, cfg, ModelSpec.resolve(cfg.embed.model), SilentProgress())
-    files = {f.path: f.content_hash for f in walk(root, cfg.walk, WalkStats(), index.path)}
+    known = previous.known if previous is not None else None
+    files = {f.path: f.content_hash for f in walk(root, cfg.walk, WalkStats(), index.path, known)}
     return stale_reasons(previous, files)
 
 
@@ -177,6 +178,7 @@ def build(
         remote.push()
         return result | {"index": remote.uri}
     started = time.perf_counter()
+    walk_started_ns = time.time_ns()
     cfg = config or BuildConfig()
     progress = progress or SilentProgress()
     overrides = dict(cfg.backends) | (backend_overrides or {})
@@ -205,7 +207,9 @@ def build(
 
         plan = BuildPlan(root, index.path, cfg, encoder, model_key, reuse,
                          previous if previous is not None and previous.chunks_reusable else None,
-                         checkpoint=staging.checkpoint, on_change=encoder.prepare)
+                         checkpoint=staging.checkpoint,
+                         known=previous.known if previous is not None else None,
+                         on_change=encoder.prepare)
         stats = RunStats()
         writer = TableWriter(index, previous.head if previous else None)
         write_started = time.perf_counter()
@@ -243,6 +247,7 @@ def build(
             "manifest": manifest,
             "root": str(root),
             "built_at": now_iso(),
+            "walk_started_ns": walk_started_ns,
             "model": {"name": model.name, "id": model.model_id, "path": str(model.path),
                       "fingerprint": model.fingerprint, "dim": model.dim,
                       "max_tokens": cfg.embed.max_tokens},
@@ -328,6 +333,7 @@ def _stats(stats: RunStats, encode: EncodeStats | None, backend: dict[str, Any],
     paths = {entry["path"] for entry in stats.manifest}
     return {
         "files_seen": stats.walk.files_seen,
+        "files_read": stats.walk.files_read,
         "files_indexed": stats.chunk.files,
         "files_skipped": dict(sorted(stats.walk.skipped.items())),
         "dirs_pruned": dict(sorted(stats.walk.dirs_pruned.items())),

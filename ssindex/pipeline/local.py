@@ -24,7 +24,7 @@ from ssindex.stages.chunk import ChunkStats, chunk
 from ssindex.stages.dedupe import Changes, DedupeStats, dedupe, dedupe_changes
 from ssindex.stages.embed import EmbedStats, embed
 from ssindex.stages.quantize import quantize
-from ssindex.stages.walk import WalkStats, walk
+from ssindex.stages.walk import WalkStats, reread, walk
 
 T = TypeVar("T")
 _DONE = object()
@@ -42,9 +42,11 @@ class RunStats:
     """Every chunk id of the new index, written or unchanged."""
 
 
-def _manifest_entry(source: SourceFile, chunk_ids: list[str]) -> dict[str, Any]:
+def manifest_entry(source: SourceFile, chunk_ids: list[str]) -> dict[str, Any]:
+    """A file's row of the build manifest (``store.MANIFEST_SCHEMA``)."""
     return {"path": source.path, "size": source.size, "mtime_ns": source.mtime_ns,
-            "content_hash": source.content_hash, "chunk_ids": chunk_ids}
+            "content_hash": source.content_hash, "chunk_ids": chunk_ids,
+            "ctime_ns": source.ctime_ns, "inode": source.inode}
 
 
 def _rebatch(lists: Iterable[list[T]], size: int) -> Iterator[list[T]]:
@@ -92,13 +94,13 @@ def run_local(plan: BuildPlan, stats: RunStats, progress: Progress) -> Iterator[
     def track_chunks(per_file: Iterable[tuple[SourceFile, list[IndexedChunk]]],
                      ) -> Iterator[list[IndexedChunk]]:
         for source, rows in per_file:
-            stats.manifest.append(_manifest_entry(source, [row.chunk.id for row in rows]))
+            stats.manifest.append(manifest_entry(source, [row.chunk.id for row in rows]))
             progress.advance("chunk", len(rows))
             yield rows
 
     def producer() -> Iterator[list[IndexedChunk]]:
         files = clock.timed("walk", track_files(walk(plan.root, cfg.walk, stats.walk,
-                                                     exclude=plan.index_path)), None)
+                                                     plan.index_path, plan.known)), None)
         if plan.previous is None:
             per_file = clock.timed("chunk", chunk(files, cfg.chunk, stats.chunk), "walk")
             batches = _rebatch(track_chunks(per_file), plan.batch_chunks)
@@ -128,12 +130,14 @@ def run_local(plan: BuildPlan, stats: RunStats, progress: Progress) -> Iterator[
                 if not changed and plan.on_change is not None:
                     plan.on_change()
                 changed = True
-                yield source
+                read = reread(plan.root, source, cfg.walk, stats.walk)
+                if read is not None:
+                    yield read
                 continue
             stats.chunk.files += 1
             stats.chunk.files_unchanged += 1
             stats.chunk.chunks += len(ids)
-            stats.manifest.append(_manifest_entry(source, ids))
+            stats.manifest.append(manifest_entry(source, ids))
             progress.advance("chunk", len(ids))
 
     handed = clock.timed("wait", _prefetch(producer(), depth=8), None)

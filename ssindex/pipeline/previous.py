@@ -38,6 +38,8 @@ class PreviousIndex:
     """Quantization is unchanged, so stored codes can stand in for embedding (by embed key)."""
     dataset: Any = None
     """The Lance dataset at the previous version."""
+    known: dict[str, tuple[int, int, int, int, str]] = field(default_factory=dict)
+    """Files the previous build read whose stat the walk may trust (``walk.Known``)."""
     position: dict[str, int] = field(default_factory=dict)
     _exemplars: dict[str, int] | None = None
 
@@ -52,7 +54,7 @@ class PreviousIndex:
                        chunks_reusable=head.data["settings"]["fingerprint"] == fingerprint,
                        # float32 codes are exact: any quantization can start from them
                        vectors_reusable=head.quantization in (quantization, "none"),
-                       dataset=dataset)
+                       dataset=dataset, known=_trusted(manifest, head))
         previous.position = {row_id: i for i, row_id in enumerate(chunks.column("id").to_pylist())}
         return previous
 
@@ -98,6 +100,24 @@ class PreviousIndex:
         codes = self.rows(list(found.values()), ["vec_codes", "vec_scale"])
         matrix = stored_vectors(codes, self.head.quantization, self.head.dim)
         return dict(zip(found, matrix, strict=True))
+
+
+STAT_MARGIN_NS = 2_000_000_000
+"""Files stamped less than this before the previous walk started are read again: a
+file system's coarse clock may stamp a later write with an earlier time."""
+
+
+def _trusted(manifest: list[dict[str, Any]], head: Head,
+             ) -> dict[str, tuple[int, int, int, int, str]]:
+    """The manifest's files whose stat a walk may trust instead of reading them: those
+    last changed well before the previous walk began (git's "racy" rule)."""
+    started = head.data.get("walk_started_ns")
+    if started is None:
+        return {}
+    cutoff = int(started) - STAT_MARGIN_NS
+    return {m["path"]: (m["size"], m["mtime_ns"], m["ctime_ns"], m["inode"], m["content_hash"])
+            for m in manifest if m.get("ctime_ns") is not None
+            and max(m["mtime_ns"], m["ctime_ns"]) < cutoff}
 
 
 def stale_reasons(previous: PreviousIndex | None, files: dict[str, str]) -> list[str]:

@@ -42,7 +42,7 @@ from ssindex.backends.selector import select
 from ssindex.config import ChunkConfig, DedupeConfig, Quantization
 from ssindex.errors import EngineUnavailable, SsindexError
 from ssindex.pipeline.dag import BuildPlan, RayOptions
-from ssindex.pipeline.local import RunStats
+from ssindex.pipeline.local import RunStats, manifest_entry
 from ssindex.pipeline.previous import PreviousIndex
 from ssindex.pipeline.progress import Progress
 from ssindex.pipeline.rows import to_record_batch
@@ -58,7 +58,7 @@ from ssindex.stages.dedupe import (
 )
 from ssindex.stages.embed import EmbedStats, embed
 from ssindex.stages.quantize import quantize_matrix
-from ssindex.stages.walk import walk
+from ssindex.stages.walk import reread, walk
 from ssindex.store import CHUNK_SCHEMA, IndexDir, TableWriter, scan, stored_vectors
 
 _FILE_BITS = 24
@@ -391,18 +391,21 @@ class _Run:
         previous = self.plan.previous
         positions: list[int] = []
         ordinals: list[int] = []
-        for ordinal, source in enumerate(walk(self.plan.root, self.cfg.walk, self.stats.walk,
-                                              exclude=self.plan.index_path)):
+        for source in walk(self.plan.root, self.cfg.walk, self.stats.walk,
+                           self.plan.index_path, self.plan.known):
             self.progress.advance("walk")
-            entry = {"path": source.path, "size": source.size, "mtime_ns": source.mtime_ns,
-                     "content_hash": source.content_hash, "chunk_ids": []}
-            self.stats.manifest.append(entry)
+            ordinal = len(self.stats.manifest)  # the file's place in the manifest
             if previous is not None and (kept := previous.carried(source)) is not None:
                 self.stats.chunk.files_unchanged += 1
-                entry["chunk_ids"] = kept
+                self.stats.manifest.append(manifest_entry(source, kept))
                 positions += [previous.position[i] for i in kept]
                 ordinals += [ordinal << _FILE_BITS | position for position in range(len(kept))]
                 continue
+            read = reread(self.plan.root, source, self.cfg.walk, self.stats.walk)
+            if read is None:
+                continue
+            source = read
+            self.stats.manifest.append(manifest_entry(source, []))
             block.append({"file_ordinal": ordinal, **asdict(source)})
             if len(block) == self.options.files_per_block:
                 blocks.append(pa.Table.from_pylist(block, schema=_FILE_BLOCK))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import stat
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,6 +34,7 @@ _SNIFF_BYTES = 8192
 @dataclass(slots=True)
 class WalkStats:
     files_seen: int = 0
+    files_read: int = 0
     skipped: Counter[str] = field(default_factory=Counter)
     dirs_pruned: Counter[str] = field(default_factory=Counter)
 
@@ -49,14 +50,32 @@ def content_hash(data: bytes) -> str:
     return xxhash.xxh3_128_hexdigest(data)
 
 
+Known = Mapping[str, tuple[int, int, int, int, str]]
+"""path → (size, mtime_ns, ctime_ns, inode, content hash) of files a previous walk read."""
+
+
 def walk(
-    root: Path, cfg: WalkConfig, stats: WalkStats, exclude: Path | None = None
+    root: Path, cfg: WalkConfig, stats: WalkStats, exclude: Path | None = None,
+    known: Known | None = None,
 ) -> Iterator[SourceFile]:
-    """Yield the indexable files under ``root``; ``exclude`` (the index dir) is never entered."""
+    """Yield the indexable files under ``root``; ``exclude`` (the index dir) is never entered.
+
+    A file listed in ``known`` whose size, mtime, ctime and inode are unchanged is not
+    read: it is yielded with the known content hash, empty text and ``read=False``
+    (git's index makes the same bet; any write to a file moves its ctime)."""
     root = check_root(root)
     excluded = exclude.resolve() if exclude is not None else None
     extra = [_IgnoreScope("", _spec(cfg.extra_ignores))] if cfg.extra_ignores else []
-    yield from _walk_dir(root, root, "", extra, cfg, stats, excluded)
+    yield from _walk_dir(root, root, "", extra, cfg, stats, excluded, known or {})
+
+
+def reread(root: Path, source: SourceFile, cfg: WalkConfig, stats: WalkStats,
+           ) -> SourceFile | None:
+    """``source`` with its text, when the walk did not read it (``None`` if it can no
+    longer be read, the reason counted in ``stats``)."""
+    if source.read:
+        return source
+    return _read(os.path.join(root, source.path), source.path, cfg, stats, {})
 
 
 def check_root(root: Path) -> Path:
@@ -102,6 +121,7 @@ def _walk_dir(
     cfg: WalkConfig,
     stats: WalkStats,
     excluded: Path | None,
+    known: Known,
 ) -> Iterator[SourceFile]:
     scope = _load_scope(directory, rel_dir)
     if scope is not None:
@@ -130,7 +150,7 @@ def _walk_dir(
             if reason:
                 stats.dirs_pruned[reason] += 1
                 continue
-            yield from _walk_dir(root, Path(entry.path), rel, scopes, cfg, stats, excluded)
+            yield from _walk_dir(root, Path(entry.path), rel, scopes, cfg, stats, excluded, known)
             continue
         if entry.name in IGNORE_FILES:
             continue
@@ -142,7 +162,7 @@ def _walk_dir(
         if reason:
             stats.skipped[reason] += 1
             continue
-        source = _read(entry.path, rel, cfg, stats)
+        source = _read(entry.path, rel, cfg, stats, known)
         if source is not None:
             yield source
 
@@ -182,7 +202,8 @@ def _link_reason(root: Path, path: Path) -> str | None:
     return None
 
 
-def _read(path: str, rel: str, cfg: WalkConfig, stats: WalkStats) -> SourceFile | None:
+def _read(path: str, rel: str, cfg: WalkConfig, stats: WalkStats,
+          known: Known) -> SourceFile | None:
     try:
         st = os.stat(path)
         if not stat.S_ISREG(st.st_mode):
@@ -191,6 +212,12 @@ def _read(path: str, rel: str, cfg: WalkConfig, stats: WalkStats) -> SourceFile 
         if st.st_size > cfg.max_file_bytes:
             stats.skipped["too_large"] += 1
             return None
+        seen = known.get(rel)
+        if seen is not None and seen[:4] == (st.st_size, st.st_mtime_ns, st.st_ctime_ns,
+                                             st.st_ino):
+            return SourceFile(rel, detect_language(rel), "", st.st_size, st.st_mtime_ns,
+                              seen[4], st.st_ctime_ns, st.st_ino, read=False)
+        stats.files_read += 1
         with open(path, "rb") as handle:
             data = handle.read(cfg.max_file_bytes + 1)
     except FileNotFoundError:
@@ -223,4 +250,6 @@ def _read(path: str, rel: str, cfg: WalkConfig, stats: WalkStats) -> SourceFile 
         size=len(data),
         mtime_ns=st.st_mtime_ns,
         content_hash=content_hash(data),
+        ctime_ns=st.st_ctime_ns,
+        inode=st.st_ino,
     )
