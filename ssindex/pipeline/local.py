@@ -3,6 +3,10 @@
 Walk, chunk and dedupe run in a producer thread and hand batches over a
 bounded queue, so parsing overlaps the embedding forward passes (which
 release the GIL) while memory stays bounded by the queue depth.
+
+An incremental build chunks only new and changed files; the chunks of
+unchanged ones stay in the store as ids, and only those whose dedupe verdict
+a change can reach travel on (``stages.dedupe.dedupe_changes``).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Walk: git-aware discovery of the text files under a root.
 
-Yields ``SourceFile`` rows in sorted path order, reading each file once. Every
+Yields ``SourceFile`` rows in sorted path order, reading each file once, or
+not at all when a previous walk's stat of it still holds (``known``). Every
 file that is not yielded is counted under a skip reason; directories pruned
 whole (deny list, ignore rules) are counted separately.
 """
