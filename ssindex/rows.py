@@ -75,6 +75,11 @@ class StoredChunks(Protocol):
         """Row of ``chunks`` by chunk id."""
         ...
 
+    @property
+    def known(self) -> Mapping[str, tuple[int, int, int, int, str]]:
+        """Files whose stat the walk may trust without reading them (``walk.Known``)."""
+        ...
+
     def carried(self, source: SourceFile) -> list[str] | None:
         """The chunk ids of an unchanged file, or ``None`` when it must be chunked."""
         ...

@@ -76,10 +76,10 @@ class ModelSpec:
             digest.update(file.name.encode())
             digest.update(file.read_bytes())
         with contextlib.suppress(OSError):  # a read-only cache only costs the hashing
+            from ssindex.store import atomic_write_bytes
+
             remembered.parent.mkdir(parents=True, exist_ok=True)
-            partial = remembered.with_name(f".{remembered.name}.{os.getpid()}")
-            partial.write_text(digest.hexdigest(), encoding="ascii")
-            os.replace(partial, remembered)
+            atomic_write_bytes(remembered, digest.hexdigest().encode("ascii"))
         return digest.hexdigest()
 
     @property

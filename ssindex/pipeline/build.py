@@ -207,9 +207,7 @@ def build(
 
         plan = BuildPlan(root, index.path, cfg, encoder, model_key, reuse,
                          previous if previous is not None and previous.chunks_reusable else None,
-                         checkpoint=staging.checkpoint,
-                         known=previous.known if previous is not None else None,
-                         on_change=encoder.prepare)
+                         checkpoint=staging.checkpoint, on_change=encoder.prepare)
         stats = RunStats()
         writer = TableWriter(index, previous.head if previous else None)
         write_started = time.perf_counter()

@@ -15,7 +15,6 @@ import numpy as np
 from ssindex.config import BuildConfig
 from ssindex.rows import StoredChunks
 from ssindex.stages.embed import TextEncoder
-from ssindex.stages.walk import Known
 
 STAGES: tuple[str, ...] = ("walk", "chunk", "dedupe", "embed", "quantize", "write")
 
@@ -36,8 +35,6 @@ class BuildPlan:
     what the changes reach."""
     checkpoint: Callable[[list[str], np.ndarray], None] | None = None
     """Receives freshly embedded vectors as they are made."""
-    known: Known | None = None
-    """Files of the previous build the walk may trust without reading them."""
     on_change: Callable[[], None] | None = None
     """Called when an incremental build meets its first new or changed file."""
     batch_chunks: int = 256

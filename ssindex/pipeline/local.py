@@ -53,6 +53,11 @@ def manifest_entry(source: SourceFile, chunk_ids: list[str]) -> dict[str, Any]:
             "ctime_ns": source.ctime_ns, "inode": source.inode}
 
 
+def _chunk_ids(manifest: list[dict[str, Any]]) -> list[str]:
+    """Every chunk id of the manifest's files, in path order."""
+    return [i for entry in manifest for i in entry["chunk_ids"]]
+
+
 def _rebatch(lists: Iterable[list[T]], size: int) -> Iterator[list[T]]:
     pending: list[T] = []
     for items in lists:
@@ -103,20 +108,22 @@ def run_local(plan: BuildPlan, stats: RunStats, progress: Progress) -> Iterator[
             yield rows
 
     def producer() -> Iterator[list[IndexedChunk]]:
-        files = clock.timed("walk", track_files(walk(plan.root, cfg.walk, stats.walk,
-                                                     plan.index_path, plan.known)), None)
-        if plan.previous is None:
+        previous = plan.previous
+        files = clock.timed("walk", track_files(walk(
+            plan.root, cfg.walk, stats.walk, plan.index_path,
+            previous.known if previous is not None else None)), None)
+        if previous is None:
             per_file = clock.timed("chunk", chunk(files, cfg.chunk, stats.chunk), "walk")
             batches = _rebatch(track_chunks(per_file), plan.batch_chunks)
             yield from clock.timed("dedupe", dedupe(batches, cfg.dedupe, stats.dedupe), "chunk")
+            stats.row_ids.update(_chunk_ids(stats.manifest))
             return
-        previous = plan.previous
         per_file = clock.timed("chunk", chunk(carry(files, previous), cfg.chunk, stats.chunk),
                                "walk")
 
         def replay() -> Iterator[Changes]:
             fresh = [row for rows in track_chunks(per_file) for row in rows]
-            order = [i for entry in stats.manifest for i in entry["chunk_ids"]]
+            order = _chunk_ids(stats.manifest)
             stats.row_ids.update(order)
             yield dedupe_changes(fresh, order, cfg.dedupe, stats.dedupe, previous)
 
@@ -150,7 +157,6 @@ def run_local(plan: BuildPlan, stats: RunStats, progress: Progress) -> Iterator[
     for batch, codes, scales in clock.timed("quantize", quantize(embedded, cfg.quantization),
                                             "embed"):
         progress.advance("embed", len(batch))
-        stats.row_ids.update(row.chunk.id for row in batch)
         record_batch = to_record_batch(batch, codes, scales, plan.model_key)
         if record_batch is not None:
             yield record_batch

@@ -36,7 +36,7 @@ class PreviousIndex:
     """Chunker and dedupe settings are unchanged, so unchanged files keep their chunks."""
     vectors_reusable: bool
     """Quantization is unchanged, so stored codes can stand in for embedding (by embed key)."""
-    dataset: Any = None
+    dataset: Any
     """The Lance dataset at the previous version."""
     known: dict[str, tuple[int, int, int, int, str]] = field(default_factory=dict)
     """Files the previous build read whose stat the walk may trust (``walk.Known``)."""
@@ -60,8 +60,9 @@ class PreviousIndex:
 
     @property
     def digests(self) -> dict[str, str]:
-        return dict(zip(self.chunks.column("id").to_pylist(),
-                        self.chunks.column("row_digest").to_pylist(), strict=True))
+        """Row digest by id (``position`` holds the ids in row order)."""
+        return dict(zip(self.position, self.chunks.column("row_digest").to_pylist(),
+                        strict=True))
 
     def carried(self, source: SourceFile) -> list[str] | None:
         """The unchanged file's chunk ids, or ``None`` when it must be re-chunked."""

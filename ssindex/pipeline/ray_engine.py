@@ -391,8 +391,8 @@ class _Run:
         previous = self.plan.previous
         positions: list[int] = []
         ordinals: list[int] = []
-        for source in walk(self.plan.root, self.cfg.walk, self.stats.walk,
-                           self.plan.index_path, self.plan.known):
+        for source in walk(self.plan.root, self.cfg.walk, self.stats.walk, self.plan.index_path,
+                           previous.known if previous is not None else None):
             self.progress.advance("walk")
             ordinal = len(self.stats.manifest)  # the file's place in the manifest
             if previous is not None and (kept := previous.carried(source)) is not None:
