@@ -113,7 +113,9 @@ def summary_table(stats: dict[str, Any]) -> Table:
     skipped = ", ".join(f"{k} {v}" for k, v in stats["files_skipped"].items()) or "none"
     bulk = stats["backends"]["embed_bulk"]
     rows = [
-        ("files", f"{stats['files_indexed']} indexed of {stats['files_seen']} seen"),
+        ("files", f"{stats['files_indexed']} indexed of {stats['files_seen']} seen; "
+                  f"{stats['files_changed']} changed, {stats['files_new']} new, "
+                  f"{stats['files_removed']} removed, {stats['files_read']} read"),
         ("skipped", skipped),
         ("chunks", f"{stats['chunks_total']} total, {stats['chunks_embedded']} embedded, "
                    f"{stats['chunks_deduplicated']} duplicates, {stats['chunks_reused']} reused"),

@@ -31,6 +31,7 @@ def test_plain_progress_prints_lines_not_control_codes(capsys) -> None:  # type:
 def test_summary_table_renders_build_stats() -> None:
     stats = {
         "files_indexed": 2, "files_seen": 3, "files_skipped": {"binary": 1},
+        "files_changed": 1, "files_new": 0, "files_removed": 2, "files_read": 1,
         "chunks_total": 5, "chunks_embedded": 4, "chunks_deduplicated": 1, "chunks_reused": 0,
         "chunks_truncated": 0, "quantization": "int8", "vector_bytes_per_chunk": 388,
         "backends": {"embed_bulk": {"backend": "torch-cpu", "dtype": "fp32", "reason": "cpu"}},
@@ -40,3 +41,4 @@ def test_summary_table_renders_build_stats() -> None:
     out = io.StringIO()
     Console(file=out, width=160).print(summary_table(stats))
     assert "2 indexed of 3 seen" in out.getvalue() and "binary 1" in out.getvalue()
+    assert "1 changed, 0 new, 2 removed, 1 read" in out.getvalue()
