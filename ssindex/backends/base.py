@@ -49,7 +49,9 @@ class Encoder:
     def encode(self, texts: list[str]) -> np.ndarray:
         if not texts:
             return np.zeros((0, self.model.dim), dtype=np.float32)
-        encodings = self.tokenizer.encode_batch(texts)
+        # a lone query skips the batch path's thread-pool hand-off (~0.1 ms of a search)
+        encodings = ([self.tokenizer.encode(texts[0])] if len(texts) == 1
+                     else self.tokenizer.encode_batch(texts))
         ids = [np.asarray(e.ids, dtype=np.int64) for e in encodings]
         self.stats.texts += len(texts)
         self.stats.truncated += sum(1 for e in encodings if e.overflowing)

@@ -12,13 +12,16 @@ MPS_MASK_FILL = -1e4
 """Additive mask value on MPS: fp16 turns ``finfo.min`` sums into -inf, then NaN."""
 
 
-def load_torch_model(model: ModelSpec, device: str, dtype: Any | None = None) -> Any:
-    """The transformer weights from safetensors only (never a pickle)."""
+def load_torch_model(model: ModelSpec, device: str, dtype: Any | None = None,
+                     attention: str | None = None) -> Any:
+    """The transformer weights from safetensors only (never a pickle); ``attention``
+    picks the attention implementation (transformers' default when ``None``)."""
     from transformers import AutoModel
     from transformers.utils import logging
 
     logging.disable_progress_bar()
-    module = AutoModel.from_pretrained(model.path, local_files_only=True, use_safetensors=True)
+    module = AutoModel.from_pretrained(model.path, local_files_only=True, use_safetensors=True,
+                                       attn_implementation=attention)
     module.eval()
     if dtype is not None:
         module = module.to(dtype)

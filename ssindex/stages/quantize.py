@@ -48,16 +48,33 @@ def dequantize_matrix(
 ) -> np.ndarray:
     """float32 vectors back from stored codes (uint8 rows)."""
     if method == "none":
+        return _unscaled(codes, method, dim)
+    return _unscaled(codes, method, dim) * scales[:, None]
+
+
+def stored_scores(codes: np.ndarray, scales: np.ndarray, method: Quantization, dim: int,
+                  vector: np.ndarray) -> np.ndarray:
+    """Dot products of the stored vectors with ``vector``: the codes' products, scaled
+    after (one multiply per row, not one per component: half the decoding work).
+
+    ``einsum``, not ``@``: numpy's OpenBLAS computes a matrix-vector product with its
+    own threads, which keep spinning after it returns and take a core from the query
+    encoder of the next search; for a search's shortlist (~2,000 rows) one thread is
+    as fast (hybrid searches at 100k rows: 13.6 → 11.3 ms)."""
+    products = np.einsum("ij,j->i", _unscaled(codes, method, dim), vector)
+    return products if method == "none" else products * scales
+
+
+def _unscaled(codes: np.ndarray, method: Quantization, dim: int) -> np.ndarray:
+    """The codes as float32 rows, before their scales."""
+    if method == "none":
         return np.ascontiguousarray(codes).view(np.float32).reshape(len(codes), dim)
     if method == "int8":
-        values = codes.view(np.int8).astype(np.float32)
-    else:
-        high = (codes >> 4).astype(np.int8) - 8
-        low = (codes & 0x0F).astype(np.int8) - 8
-        values = np.empty((len(codes), codes.shape[1] * 2), np.float32)
-        values[:, 0::2], values[:, 1::2] = high, low
-        values = values[:, :dim]
-    return values * scales[:, None]
+        return codes.view(np.int8).astype(np.float32)
+    values = np.empty((len(codes), codes.shape[1] * 2), np.float32)
+    values[:, 0::2] = (codes >> 4).astype(np.int8) - 8
+    values[:, 1::2] = (codes & 0x0F).astype(np.int8) - 8
+    return values[:, :dim]
 
 
 def positive_mask(codes: np.ndarray, method: Quantization, dim: int) -> np.ndarray:
