@@ -107,7 +107,8 @@ class Searcher:
         if len(self.rows) >= PREFILTER_ROWS:
             rows = self._shortlist(vector)
             codes, scales = self._codes()
-            scores = stored_scores(codes[rows], scales[rows], self.head.quantization,  # type: ignore[arg-type]
+            scores = stored_scores(np.take(codes, rows, axis=0), scales[rows],
+                                   self.head.quantization,  # type: ignore[arg-type]
                                    self.head.dim, vector)
         else:
             rows = np.arange(len(self.rows))

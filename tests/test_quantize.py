@@ -8,6 +8,7 @@ from ssindex.stages.quantize import (
     dequantize_matrix,
     positive_mask,
     quantize_matrix,
+    stored_scores,
 )
 
 
@@ -46,3 +47,15 @@ def test_signs_read_from_codes_match_the_dequantized_vectors(method: str, dim: i
     codes, scales = quantize_matrix(vectors, method)  # type: ignore[arg-type]
     expected = dequantize_matrix(codes, scales, method, dim) > 0  # type: ignore[arg-type]
     assert np.array_equal(positive_mask(codes, method, dim), expected)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("method", ["none", "int8", "int4"])
+def test_scores_from_codes_equal_the_dequantized_products(method: str) -> None:
+    rng = np.random.default_rng(4)
+    vectors = rng.standard_normal((300, 383)).astype(np.float32)
+    query = rng.standard_normal(383).astype(np.float32)
+    codes, scales = quantize_matrix(vectors, method)  # type: ignore[arg-type]
+    scores = stored_scores(codes, scales, method, 383, query)  # type: ignore[arg-type]
+    expected = dequantize_matrix(codes, scales, method, 383) @ query  # type: ignore[arg-type]
+    assert scores.dtype == np.float32
+    assert np.allclose(scores, expected, rtol=1e-5, atol=1e-5)
