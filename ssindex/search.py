@@ -37,7 +37,7 @@ from ssindex.fusion import Hit, fuse, lexical_weight
 from ssindex.lexical import names_identifier, query_terms
 from ssindex.remote import resolve_index
 from ssindex.snapshot import SEARCH_FILES_VERSION
-from ssindex.stages.quantize import positive_mask, stored_scores
+from ssindex.stages.quantize import positive_mask, row_dots, stored_scores
 from ssindex.store import IndexDir, binary_matrix, numeric_view, stored_vectors
 
 CANDIDATES = 100
@@ -112,7 +112,7 @@ class Searcher:
                                    self.head.dim, vector)
         else:
             rows = np.arange(len(self.rows))
-            scores = self._vectors() @ vector
+            scores = row_dots(self._vectors(), vector)
         top = np.argpartition(-scores, min(limit, len(scores) - 1))[:limit]
         top = top[np.argsort(-scores[top], kind="stable")]
         return [Hit(int(rows[i]), float(scores[i])) for i in top]
