@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from ssindex.lexical import names_identifier
 
 RRF_K = 60
@@ -26,6 +28,27 @@ class Hit:
     score: float
 
 
+@dataclass(frozen=True)
+class Ranking:
+    """Rows best first with their scores: one leg's answer, or a fused one. Arrays, not
+    ``Hit`` objects: a hybrid search ranks 200 candidates and keeps ~10 of them."""
+
+    rows: np.ndarray  # int64
+    scores: np.ndarray  # float64
+
+    @classmethod
+    def of(cls, hits: list[Hit]) -> Ranking:
+        return cls(np.fromiter((h.row_id for h in hits), np.int64, len(hits)),
+                   np.fromiter((h.score for h in hits), np.float64, len(hits)))
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def hits(self, limit: int | None = None) -> list[Hit]:
+        return [Hit(row, score) for row, score in zip(self.rows[:limit].tolist(),
+                                                      self.scores[:limit].tolist(), strict=True)]
+
+
 def lexical_weight(query: str) -> float:
     """How much the lexical leg counts for ``query`` (0..1)."""
     if names_identifier(query):
@@ -33,31 +56,37 @@ def lexical_weight(query: str) -> float:
     return LEXICAL_WEIGHT_NATURAL
 
 
-def reciprocal_rank_fusion(rankings: list[list[Hit]], k: int = RRF_K) -> list[Hit]:
-    scores: dict[int, float] = {}
-    for ranking in rankings:
-        for rank, hit in enumerate(ranking):
-            scores[hit.row_id] = scores.get(hit.row_id, 0.0) + 1.0 / (k + rank + 1)
-    return [Hit(row, score) for row, score in sorted(scores.items(), key=lambda x: -x[1])]
+def reciprocal_rank_fusion(rankings: list[Ranking], k: int = RRF_K) -> Ranking:
+    """Summed ``1 / (k + rank)``; ties keep the order in which rows first appear."""
+    rows = np.concatenate([r.rows for r in rankings])
+    shares = np.concatenate([1.0 / (k + np.arange(1, len(r) + 1)) for r in rankings])
+    return _summed(rows, shares, tie_break="first")
 
 
-def _normalized(hits: list[Hit]) -> dict[int, float] | None:
+def _normalized(ranking: Ranking) -> np.ndarray | None:
     """Min-max scaled scores in [0, 1]; ``None`` when the scores are all equal."""
-    if not hits:
-        return {}
-    scores = [h.score for h in hits]
-    low, high = min(scores), max(scores)
+    if not len(ranking):
+        return ranking.scores
+    low, high = ranking.scores.min(), ranking.scores.max()
     if high <= low:
         return None
-    return {h.row_id: (h.score - low) / (high - low) for h in hits}
+    return (ranking.scores - low) / (high - low)
 
 
-def fuse(dense: list[Hit], lexical: list[Hit], lexical_share: float) -> list[Hit]:
+def fuse(dense: Ranking, lexical: Ranking, lexical_share: float) -> Ranking:
     """Convex fusion of min-max normalized scores; RRF when a leg is degenerate."""
     dense_n, lexical_n = _normalized(dense), _normalized(lexical)
     if dense_n is None or lexical_n is None:
         return reciprocal_rank_fusion([dense, lexical])
-    rows = dense_n.keys() | lexical_n.keys()
-    fused = {row: (1 - lexical_share) * dense_n.get(row, 0.0)
-             + lexical_share * lexical_n.get(row, 0.0) for row in rows}
-    return [Hit(row, score) for row, score in sorted(fused.items(), key=lambda x: (-x[1], x[0]))]
+    return _summed(np.concatenate([dense.rows, lexical.rows]),
+                   np.concatenate([(1 - lexical_share) * dense_n, lexical_share * lexical_n]),
+                   tie_break="row")
+
+
+def _summed(rows: np.ndarray, shares: np.ndarray, tie_break: str) -> Ranking:
+    """Each distinct row with its shares summed, best first; equal sums ordered by row
+    id or by first appearance."""
+    distinct, first, inverse = np.unique(rows, return_index=True, return_inverse=True)
+    sums = np.bincount(inverse, shares, len(distinct))
+    order = np.lexsort((distinct if tie_break == "row" else first, -sums))
+    return Ranking(distinct[order], sums[order])

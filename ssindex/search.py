@@ -33,7 +33,7 @@ from ssindex.backends.selector import Selection, select
 from ssindex.bm25 import NAME_WEIGHT_IDENTIFIER, NAME_WEIGHT_NATURAL, Postings
 from ssindex.config import SEARCH_MODES
 from ssindex.errors import ConfigError, IndexCorrupt
-from ssindex.fusion import Hit, fuse, lexical_weight
+from ssindex.fusion import Hit, Ranking, fuse, lexical_weight
 from ssindex.lexical import names_identifier, query_terms
 from ssindex.remote import resolve_index
 from ssindex.snapshot import SEARCH_FILES_VERSION
@@ -45,6 +45,7 @@ CANDIDATES = 100
 PREFILTER_ROWS = 20_000
 SHORTLIST = 2_000
 _META = ["path", "start_line", "end_line", "language", "symbol", "kind"]
+_NOTHING = Ranking(np.zeros(0, np.int64), np.zeros(0, np.float64))
 
 
 @dataclass
@@ -89,20 +90,23 @@ class Searcher:
 
     # -- the legs -------------------------------------------------------------------------
     def lexical(self, query: str, limit: int = CANDIDATES) -> list[Hit]:
-        terms = query_terms(query).split()
-        if not terms:
-            return []
-        name_weight = (NAME_WEIGHT_IDENTIFIER if names_identifier(query)
-                       else NAME_WEIGHT_NATURAL)
-        docs, scores = self.postings.top(terms, limit, name_weight)
-        return [Hit(int(d), float(s)) for d, s in zip(docs, scores, strict=True)]
+        return self._lexical(query, limit).hits()
 
     def semantic(self, query: str, limit: int = CANDIDATES) -> list[Hit]:
         if len(self.rows) == 0:
             return []
-        return self._nearest(self.embed_query(query), limit)
+        return self._nearest(self.embed_query(query), limit).hits()
 
-    def _nearest(self, vector: np.ndarray, limit: int) -> list[Hit]:
+    def _lexical(self, query: str, limit: int) -> Ranking:
+        terms = query_terms(query).split()
+        if not terms:
+            return _NOTHING
+        name_weight = (NAME_WEIGHT_IDENTIFIER if names_identifier(query)
+                       else NAME_WEIGHT_NATURAL)
+        docs, scores = self.postings.top(terms, limit, name_weight)
+        return Ranking(docs.astype(np.int64), scores.astype(np.float64))
+
+    def _nearest(self, vector: np.ndarray, limit: int) -> Ranking:
         """The ``limit`` rows nearest ``vector``, best first."""
         if len(self.rows) >= PREFILTER_ROWS:
             rows = self._shortlist(vector)
@@ -115,7 +119,7 @@ class Searcher:
             scores = row_dots(self._vectors(), vector)
         top = np.argpartition(-scores, min(limit, len(scores) - 1))[:limit]
         top = top[np.argsort(-scores[top], kind="stable")]
-        return [Hit(int(rows[i]), float(scores[i])) for i in top]
+        return Ranking(rows[top].astype(np.int64), scores[top].astype(np.float64))
 
     def _shortlist(self, vector: np.ndarray) -> np.ndarray:
         """Rows whose sign bits are nearest ``vector``'s (Hamming distance): the
@@ -163,36 +167,37 @@ class Searcher:
             raise ConfigError("-k must be at least 1")
         started = time.perf_counter()
         depth = max(CANDIDATES, k)
-        dense: list[Hit] = []
-        lexical: Future[list[Hit]] | None = None
+        dense = lexical = _NOTHING
+        lexical_leg: Future[Ranking] | None = None
         if mode != "lexical" and len(self.rows):
             vector = self.embed_query(query)
             if mode == "hybrid":  # the dense scan is single-threaded: the other core is free
-                lexical = self._lexical_worker.submit(self.lexical, query, depth)
+                lexical_leg = self._lexical_worker.submit(self._lexical, query, depth)
             dense = self._nearest(vector, depth)
-        lexical_hits = lexical.result() if lexical is not None else []
+        if lexical_leg is not None:
+            lexical = lexical_leg.result()
         abstained = abstain and self._abstains(query, dense)
         if abstained:
-            hits: list[Hit] = []
+            ranking = _NOTHING
         elif mode == "lexical":
-            hits = self.lexical(query, k)
+            ranking = self._lexical(query, k)
         elif mode == "semantic":
-            hits = dense
+            ranking = dense
         else:
-            hits = fuse(dense, lexical_hits, lexical_weight(query))
-        ranked = self._fetch(hits[:k])
+            ranking = fuse(dense, lexical, lexical_weight(query))
+        ranked = self._fetch(ranking.hits(k))
         elapsed = {"total": round((time.perf_counter() - started) * 1000, 2)}
         backend = self._selection.as_json() if self._selection is not None else None
         return SearchResponse(query, mode, ranked, backend, elapsed, abstained)
 
-    def _abstains(self, query: str, dense: list[Hit]) -> bool:
+    def _abstains(self, query: str, dense: Ranking) -> bool:
         thresholds = self._thresholds
         if thresholds is None:
             return False
         if self.term_stats.grounding(query) >= thresholds.lexical:
             return False
-        best = dense[0].score if dense else max((h.score for h in self.semantic(query, 1)),
-                                                default=0.0)
+        nearest = dense if len(dense) else Ranking.of(self.semantic(query, 1))
+        best = float(nearest.scores[0]) if len(nearest) else 0.0
         return best < thresholds.semantic
 
     @cached_property

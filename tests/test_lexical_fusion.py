@@ -4,6 +4,7 @@ from ssindex.fusion import (
     LEXICAL_WEIGHT_IDENTIFIER,
     LEXICAL_WEIGHT_NATURAL,
     Hit,
+    Ranking,
     fuse,
     lexical_weight,
     reciprocal_rank_fusion,
@@ -29,14 +30,15 @@ def test_fusion_keeps_a_confident_dense_hit_first() -> None:
     dense = [Hit(1, 0.66), Hit(3, 0.54), Hit(2, 0.50), Hit(4, 0.35)]
     lexical = [Hit(3, 26.0), Hit(2, 22.0)] + [Hit(10 + i, 20.0 - i) for i in range(20)] + [
         Hit(1, 5.0)]
-    assert reciprocal_rank_fusion([dense, lexical])[0].row_id != 1
-    assert fuse(dense, lexical, LEXICAL_WEIGHT_NATURAL)[0].row_id == 1
+    dense_r, lexical_r = Ranking.of(dense), Ranking.of(lexical)
+    assert reciprocal_rank_fusion([dense_r, lexical_r]).rows[0] != 1
+    assert fuse(dense_r, lexical_r, LEXICAL_WEIGHT_NATURAL).rows[0] == 1
 
 
 def test_degenerate_leg_falls_back_to_rrf() -> None:
     dense = [Hit(1, 0.5), Hit(2, 0.4)]
     flat = [Hit(2, 1.0), Hit(3, 1.0)]
-    assert [h.row_id for h in fuse(dense, flat, 0.5)] == [2, 1, 3]
+    assert fuse(Ranking.of(dense), Ranking.of(flat), 0.5).rows.tolist() == [2, 1, 3]
 
 
 def test_lone_identifier_queries_ask_for_the_exact_symbol() -> None:

@@ -79,6 +79,9 @@ def test_nonsense_abstains_and_real_queries_answer(
     response = cli_json("search", nonsense[0], "--index", str(root / ".ssindex"),
                         "--no-abstain")
     assert response["abstained"] is False and response["results"]
+    silent = next(q for q in nonsense if searcher.search(q, k=5).abstained)
+    response = cli_json("search", silent, "--index", str(root / ".ssindex"))
+    assert response["abstained"] is True and response["results"] == []
 
 
 def test_incremental_recalibration_equals_a_full_one() -> None:
