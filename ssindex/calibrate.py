@@ -40,7 +40,7 @@ def _sample_chunks() -> list[str]:
 
 
 def _runnable(inventory: Inventory) -> list[str]:
-    names = ["torch-cpu-fp32", "torch-cpu-bf16", "onnx-cpu"]
+    names = ["torch-cpu-fp32", "torch-cpu-bf16", "onnx-cpu", "onnx-cpu-int8"]
     if inventory.cuda_devices:
         names += ["torch-cuda", "onnx-cuda"]
     if inventory.mps:

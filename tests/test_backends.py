@@ -41,7 +41,7 @@ def reference(model: ModelSpec, texts: list[str]) -> np.ndarray:
     return Encoder(create("torch-cpu-fp32", model, detect()), model, 256).encode(texts)
 
 
-@pytest.mark.parametrize("name", ["torch-cpu-bf16", "onnx-cpu"])
+@pytest.mark.parametrize("name", ["torch-cpu-bf16", "onnx-cpu", "onnx-cpu-int8"])
 def test_backend_parity_with_fp32(name: str, model: ModelSpec, texts: list[str],
                                   reference: np.ndarray) -> None:
     vectors = Encoder(create(name, model, detect()), model, 256).encode(texts)
@@ -76,7 +76,8 @@ def test_selection_over_simulated_inventories() -> None:
     plain = _machine(cpu_flags=frozenset({"avx2"}))
     assert [c[0] for c in candidates("embed_bulk", plain)] == ["torch-cpu"]
     assert "fp32" in candidates("embed_bulk", plain)[0][1]
-    assert [c[0] for c in candidates("embed_query", plain)] == ["onnx-cpu", "torch-cpu"]
+    assert [c[0] for c in candidates("embed_query", plain)] == ["onnx-cpu-int8", "onnx-cpu",
+                                                                "torch-cpu"]
     calibrated = {"embed_query": {"backend": "torch-cpu", "figure": "2.0 ms"}}
     assert candidates("embed_query", plain, calibrated)[0][0] == "torch-cpu"
 
@@ -113,7 +114,7 @@ def test_doctor_names_backend_and_reason_per_phase() -> None:
     report = cli_json("doctor")
     for phase in ("embed_bulk", "embed_query"):
         assert report["phases"][phase]["backend"] and report["phases"][phase]["reason"]
-    assert report["phases"]["embed_query"]["backend"] == "onnx-cpu"
+    assert report["phases"]["embed_query"]["backend"] == "onnx-cpu-int8"
     assert report["hardware"]["cpu_count"] >= 1
 
 
@@ -140,7 +141,7 @@ def test_onnx_and_torch_bulk_builds_rank_alike(tmp_path: Path) -> None:
             "search", q, "--index", str(root / ".ssindex"), "-k", "5")["results"]]
             for q in queries])
         response = cli_json("search", queries[0], "--index", str(root / ".ssindex"))
-        assert response["backend"]["backend"] == "onnx-cpu"
+        assert response["backend"]["backend"] == "onnx-cpu-int8"
     assert tops[0] == tops[1]
 
 
@@ -152,7 +153,7 @@ def test_calibrate_stores_winners_that_doctor_and_auto_use(
     for phase in ("embed_bulk", "embed_query"):
         assert record["phases"][phase]["backend"] in record["figures"]
     timed = {n: f for n, f in record["figures"].items() if "error" not in f}
-    assert {"torch-cpu-fp32", "onnx-cpu"} <= timed.keys()
+    assert {"torch-cpu-fp32", "onnx-cpu", "onnx-cpu-int8"} <= timed.keys()
     assert all(f["bulk_chunks_per_s"] > 0 and f["query_ms_p50"] > 0 for f in timed.values())
     report = cli_json("doctor")
     assert report["calibrated"]["embed_query"]["backend"] == record["phases"]["embed_query"][

@@ -9,6 +9,12 @@ optimizer fuses into one ``Attention`` op per layer (with fused embedding and
 skip layer norms and GELUs): a single query runs in ~4.7 ms instead of ~6.4 ms
 on 2 cores. Where fusion does not apply or disagrees with torch, the plain
 graph is kept.
+
+For single queries on CPU (``onnx-cpu-int8``) the fused graph's matrix weights
+are further stored as int8 in blocks of 32 and multiplied in int8
+(``MatMulNBits``): a search's query embedding then reads a quarter of the bytes
+and takes ~0.6 ms less at 100k chunks, at cosine ≥ 0.9998 to fp32 (checked on
+export against the fp32 graph; CoSQA MRR@10 within 0.001).
 """
 
 from __future__ import annotations
@@ -44,9 +50,9 @@ _SAMPLES = [
 ]
 
 
-def exported_model_path(model: ModelSpec) -> Path:
+def exported_model_path(model: ModelSpec, weights: str = "fp32") -> Path:
     key = f"{model.fingerprint[:16]}-opset{OPSET}-v{EXPORT_VERSION}-{model.pooling}"
-    return cache_dir() / "onnx" / f"{key}.onnx"
+    return cache_dir() / "onnx" / f"{key}{'' if weights == 'fp32' else '-' + weights}.onnx"
 
 
 class _Pooled:
@@ -123,6 +129,36 @@ def export_onnx(model: ModelSpec) -> Path:
     return target
 
 
+def export_int8_weights(model: ModelSpec) -> Path:
+    """The verified export of ``model`` with int8 matrix weights, made from the fp32 one."""
+    target = exported_model_path(model, "int8")
+    if target.is_file():
+        return target
+    source = export_onnx(model)
+    ids, mask = _sample_batch(model)
+    reference = _session(source, "cpu").run(["pooled"], {"input_ids": ids,
+                                                         "attention_mask": mask})[0]
+    with _scratch(target) as quantized:
+        try:
+            import onnx
+
+            nbits = _weight_quantizer()
+            config = nbits.DefaultWeightOnlyQuantConfig(block_size=32, is_symmetric=True,
+                                                        accuracy_level=4, bits=8)
+            quantizer = nbits.MatMulNBitsQuantizer(onnx.load(str(source)), algo_config=config)
+            with _quiet(nbits.__name__):
+                quantizer.process()
+            quantizer.model.save_model_to_file(str(quantized), use_external_data_format=False)
+        except Exception as exc:  # an onnxruntime without 8-bit MatMulNBits, or no onnx_ir
+            raise BackendUnavailable(f"cannot store int8 weights: {exc}") from exc
+        worst = _agreement(quantized, ids, mask, reference)
+        if worst < MIN_EXPORT_COSINE:
+            raise BackendUnavailable(f"int8 weights of {model.name} disagree with fp32 "
+                                     f"(cosine {worst:.4f})")
+        os.replace(quantized, target)
+    return target
+
+
 @contextlib.contextmanager
 def _scratch(target: Path) -> Iterator[Path]:
     """A temporary file beside ``target`` (same file system, so it can be renamed there),
@@ -149,21 +185,43 @@ def _fuse(source: Path, target: Path, model: ModelSpec) -> bool:
         return False
     from onnxruntime.transformers.optimizer import optimize_model
 
-    quiet = logging.getLogger("onnxruntime.transformers")
-    level = quiet.level
-    quiet.setLevel(logging.ERROR)
-    try:
-        # fusion is only an optimization: any failure keeps the verified plain graph
-        optimized = optimize_model(str(source), model_type="bert", num_heads=int(heads),
-                                   hidden_size=int(hidden), opt_level=1)
+    try:  # fusion is only an optimization: any failure keeps the verified plain graph
+        with _quiet("onnxruntime.transformers"):
+            optimized = optimize_model(str(source), model_type="bert", num_heads=int(heads),
+                                       hidden_size=int(hidden), opt_level=1)
         if not optimized.get_fused_operator_statistics().get("Attention"):
             return False
         optimized.save_model_to_file(str(target))
     except Exception:
         return False
-    finally:
-        quiet.setLevel(level)
     return True
+
+
+def _weight_quantizer() -> Any:
+    """onnxruntime's ``matmul_nbits_quantizer`` module, imported without the
+    ``logging.basicConfig(level=INFO)`` it runs at import (which would make every
+    library in the process log to stderr): ``basicConfig`` skips a root logger that
+    already has a handler."""
+    root = logging.getLogger()
+    guard = logging.NullHandler()
+    root.addHandler(guard)
+    try:
+        from onnxruntime.quantization import matmul_nbits_quantizer
+    finally:
+        root.removeHandler(guard)
+    return matmul_nbits_quantizer
+
+
+@contextlib.contextmanager
+def _quiet(logger_name: str) -> Iterator[None]:
+    """ONNX Runtime's Python tools log each step at INFO: only errors while they run."""
+    logger = logging.getLogger(logger_name)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def _session(path: Path, provider: str) -> Any:
@@ -192,14 +250,15 @@ def _session(path: Path, provider: str) -> Any:
 class OnnxBackend:
     """One exported model in one ONNX Runtime session."""
 
-    dtype = "fp32"
-
-    def __init__(self, model: ModelSpec, provider: str = "cpu") -> None:
+    def __init__(self, model: ModelSpec, provider: str = "cpu", int8_weights: bool = False,
+                 ) -> None:
         if provider not in PROVIDERS:
             raise BackendUnavailable(f"unknown ONNX Runtime provider {provider!r}")
-        self.name = f"onnx-{provider}"
+        self.name = f"onnx-{provider}" + ("-int8" if int8_weights else "")
         self.device = provider
-        self._session = _session(export_onnx(model), provider)
+        self.dtype = "int8 weights" if int8_weights else "fp32"
+        graph = export_int8_weights(model) if int8_weights else export_onnx(model)
+        self._session = _session(graph, provider)
 
     def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
         feeds = {"input_ids": input_ids, "attention_mask": attention_mask}
