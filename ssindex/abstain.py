@@ -22,7 +22,7 @@ import math
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from functools import cached_property
+from functools import cache, cached_property
 from typing import Any
 
 import numpy as np
@@ -77,6 +77,12 @@ def nonsense_queries(count: int, seed: int) -> list[str]:
     return [" ".join(word() for _ in range(rng.randint(1, 4))) for _ in range(count)]
 
 
+@cache
+def _calibration_queries() -> tuple[str, ...]:
+    """The nonsense queries both thresholds are calibrated on (made once per process)."""
+    return tuple(nonsense_queries(CALIBRATION_QUERIES, seed=0))
+
+
 def calibrate(stats: TermStats, matrix: np.ndarray, ids: Sequence[str], embed: Any) -> Thresholds:
     """Thresholds just above what nonsense queries reach on this index (rows ``ids``,
     their vectors ``matrix``)."""
@@ -102,13 +108,13 @@ def _nearest(matrix: np.ndarray, ids: Sequence[str], embed: Any) -> tuple[str | 
     """The row a nonsense query comes closest to, and that cosine."""
     if not len(matrix):
         return None, 0.0
-    cosines = np.asarray(embed(nonsense_queries(CALIBRATION_QUERIES, seed=0))) @ matrix.T
+    cosines = np.asarray(embed(list(_calibration_queries()))) @ matrix.T
     row = int(np.argmax(cosines.max(axis=0)))
     return ids[row], float(cosines[:, row].max())
 
 
 def _thresholds(stats: TermStats, nearest: str | None, cosine: float) -> Thresholds:
-    lexical = [stats.grounding(q) for q in nonsense_queries(CALIBRATION_QUERIES, seed=0)]
+    lexical = [stats.grounding(q) for q in _calibration_queries()]
     rarest_term = math.log(1 + stats.total)
     return Thresholds(lexical=round(max(float(np.percentile(lexical, 99.5)), rarest_term)
                                     + 0.01, 4),

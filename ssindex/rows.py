@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -61,6 +62,21 @@ class IndexedChunk:
     """float32 unit vector, or ``None`` until embedded (or copied from ``dup_of``)."""
 
 
+class Stamp(NamedTuple):
+    """A file as a previous build read it: its stat, and the hash of what it held."""
+
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+    inode: int
+    content_hash: str
+
+    def matches(self, st: os.stat_result) -> bool:
+        """Whether ``st`` is the stat recorded here (git's bet: any write moves the ctime)."""
+        return (self.size, self.mtime_ns, self.ctime_ns, self.inode) == (
+            st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+
+
 class StoredChunks(Protocol):
     """The chunks of an index's previous version, for an incremental build whose
     chunker and dedupe settings are unchanged."""
@@ -76,8 +92,8 @@ class StoredChunks(Protocol):
         ...
 
     @property
-    def known(self) -> Mapping[str, tuple[int, int, int, int, str]]:
-        """Files whose stat the walk may trust without reading them (``walk.Known``)."""
+    def known(self) -> Mapping[str, Stamp]:
+        """Files whose stat the walk may trust without reading them, by path."""
         ...
 
     def carried(self, source: SourceFile) -> list[str] | None:

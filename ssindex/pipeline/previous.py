@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ssindex.rows import Chunk, IndexedChunk, SourceFile
+from ssindex.rows import Chunk, IndexedChunk, SourceFile, Stamp
 from ssindex.store import Head, IndexDir, stored_vectors
 
 _CHUNK_FIELDS = tuple(f.name for f in dataclasses.fields(Chunk))
@@ -38,7 +38,7 @@ class PreviousIndex:
     """Quantization is unchanged, so stored codes can stand in for embedding (by embed key)."""
     dataset: Any
     """The Lance dataset at the previous version."""
-    known: dict[str, tuple[int, int, int, int, str]] = field(default_factory=dict)
+    known: dict[str, Stamp] = field(default_factory=dict)
     """Files the previous build read whose stat the walk may trust (``walk.Known``)."""
     position: dict[str, int] = field(default_factory=dict)
     _exemplars: dict[str, int] | None = None
@@ -108,15 +108,15 @@ STAT_MARGIN_NS = 2_000_000_000
 file system's coarse clock may stamp a later write with an earlier time."""
 
 
-def _trusted(manifest: list[dict[str, Any]], head: Head,
-             ) -> dict[str, tuple[int, int, int, int, str]]:
+def _trusted(manifest: list[dict[str, Any]], head: Head) -> dict[str, Stamp]:
     """The manifest's files whose stat a walk may trust instead of reading them: those
     last changed well before the previous walk began (git's "racy" rule)."""
     started = head.data.get("walk_started_ns")
     if started is None:
         return {}
     cutoff = int(started) - STAT_MARGIN_NS
-    return {m["path"]: (m["size"], m["mtime_ns"], m["ctime_ns"], m["inode"], m["content_hash"])
+    return {m["path"]: Stamp(m["size"], m["mtime_ns"], m["ctime_ns"], m["inode"],
+                             m["content_hash"])
             for m in manifest if m.get("ctime_ns") is not None
             and max(m["mtime_ns"], m["ctime_ns"]) < cutoff}
 

@@ -21,7 +21,7 @@ import xxhash
 from ssindex.config import WalkConfig
 from ssindex.errors import ConfigError
 from ssindex.languages import detect_language
-from ssindex.rows import SourceFile
+from ssindex.rows import SourceFile, Stamp
 
 DENIED_DIRS: frozenset[str] = frozenset({
     ".git", ".hg", ".svn", ".ssindex", "node_modules", "bower_components", "__pycache__",
@@ -51,8 +51,8 @@ def content_hash(data: bytes) -> str:
     return xxhash.xxh3_128_hexdigest(data)
 
 
-Known = Mapping[str, tuple[int, int, int, int, str]]
-"""path → (size, mtime_ns, ctime_ns, inode, content hash) of files a previous walk read."""
+Known = Mapping[str, Stamp]
+"""The files a previous walk read, by path."""
 
 
 def walk(
@@ -214,10 +214,9 @@ def _read(path: str, rel: str, cfg: WalkConfig, stats: WalkStats,
             stats.skipped["too_large"] += 1
             return None
         seen = known.get(rel)
-        if seen is not None and seen[:4] == (st.st_size, st.st_mtime_ns, st.st_ctime_ns,
-                                             st.st_ino):
+        if seen is not None and seen.matches(st):
             return SourceFile(rel, detect_language(rel), "", st.st_size, st.st_mtime_ns,
-                              seen[4], st.st_ctime_ns, st.st_ino, read=False)
+                              seen.content_hash, st.st_ctime_ns, st.st_ino, read=False)
         stats.files_read += 1
         with open(path, "rb") as handle:
             data = handle.read(cfg.max_file_bytes + 1)
