@@ -196,8 +196,9 @@ class Searcher:
             return False
         if self.term_stats.grounding(query) >= thresholds.lexical:
             return False
-        nearest = dense if len(dense) else Ranking.of(self.semantic(query, 1))
-        best = float(nearest.scores[0]) if len(nearest) else 0.0
+        if not len(dense) and len(self.rows):  # a lexical search: the dense leg did not run
+            dense = self._nearest(self.embed_query(query), 1)
+        best = float(dense.scores[0]) if len(dense) else 0.0
         return best < thresholds.semantic
 
     @cached_property

@@ -186,9 +186,9 @@ def _fuse(source: Path, target: Path, model: ModelSpec) -> bool:
     heads, hidden = model.config.get("num_attention_heads"), model.config.get("hidden_size")
     if not heads or not hidden:
         return False
-    from onnxruntime.transformers.optimizer import optimize_model
-
     try:  # fusion is only an optimization: any failure keeps the verified plain graph
+        from onnxruntime.transformers.optimizer import optimize_model
+
         with _quiet("onnxruntime.transformers"):
             optimized = optimize_model(str(source), model_type="bert", num_heads=int(heads),
                                        hidden_size=int(hidden), opt_level=1)
