@@ -200,7 +200,11 @@ def evaluate(
         table.add_column(column, justify="right")
     for name, scores in report["modes"].items():
         table.add_row(name, *(str(scores[c]) for c in columns))
-    Console().print(table)
+    out = Console()
+    out.print(table)
+    if report["blank_queries"]:
+        out.print(f"{report['blank_queries']} judged queries have no text: not searched, "
+                  "scored as misses")
 
 
 @app.command()

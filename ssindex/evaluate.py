@@ -38,6 +38,7 @@ class Dataset:
     corpus: dict[str, str]
     queries: dict[str, str]
     qrels: dict[str, dict[str, int]]
+    blank_queries: int = 0  # judged queries with empty text: not searched, scored as misses
 
     @classmethod
     def load(cls, directory: Path) -> Dataset:
@@ -54,7 +55,9 @@ class Dataset:
                     qrels.setdefault(query, {})[doc] = int(score)
         except (OSError, ValueError, KeyError) as exc:
             raise ConfigError(f"not a BEIR-layout directory ({directory}): {exc}") from exc
-        return cls(corpus, {q: t for q, t in queries.items() if q in qrels}, qrels)
+        judged = {q: t for q, t in queries.items() if q in qrels}
+        asked = {q: t for q, t in judged.items() if t.strip()}
+        return cls(corpus, asked, qrels, len(judged) - len(asked))
 
     def identifier_queries(self, limit: int = 200) -> tuple[dict[str, str], dict[str, dict]]:
         """Each document's function name as a query, for names unique in the corpus."""
@@ -164,7 +167,8 @@ def evaluate(directory: Path, modes: list[str], config: BuildConfig | None = Non
         id_queries, id_qrels = dataset.identifier_queries()
         report: dict[str, Any] = {
             "dataset": str(directory), "documents": len(dataset.corpus),
-            "queries": len(dataset.queries), "quantization": cfg.quantization,
+            "queries": len(dataset.queries), "blank_queries": dataset.blank_queries,
+            "quantization": cfg.quantization,
             "vector_bytes_per_chunk": stats["vector_bytes_per_chunk"],
             "chunks": stats["chunks_total"], "build_seconds": stats["wall_seconds"],
             "modes": {},

@@ -165,6 +165,8 @@ class Searcher:
             raise ConfigError(f"unknown mode {mode!r} (modes: {', '.join(SEARCH_MODES)})")
         if k < 1:
             raise ConfigError("-k must be at least 1")
+        if not query.strip():  # its vector would rank chunks by nothing the user said
+            raise ConfigError("the query is empty")
         started = time.perf_counter()
         depth = max(CANDIDATES, k)
         dense = lexical = _NOTHING

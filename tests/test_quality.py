@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
 from ssindex.abstain import (
     CALIBRATION_QUERIES,
@@ -16,10 +17,11 @@ from ssindex.abstain import (
     nonsense_queries,
     recalibrate,
 )
+from ssindex.errors import ConfigError
 from ssindex.evaluate import metrics
 from ssindex.search import Searcher
 
-from .conftest import STDLIB, cli_json
+from .conftest import STDLIB, cli_json, run_cli
 
 
 def test_metrics_on_known_rankings() -> None:
@@ -46,6 +48,8 @@ def _beir(tmp_path: Path) -> Path:
                 if len(summary.split()) >= 4:
                     queries.append({"_id": f"q-{doc_id}", "text": summary})
                     qrels.append(f"q-{doc_id}\t{doc_id}\t1")
+    queries.append({"_id": "q-blank", "text": " "})  # judged, but nothing to search for
+    qrels.append(f"q-blank\t{corpus[0]['_id']}\t1")
     out = tmp_path / "beir"
     out.mkdir()
     (out / "corpus.jsonl").write_text("\n".join(json.dumps(d) for d in corpus))
@@ -56,7 +60,7 @@ def _beir(tmp_path: Path) -> Path:
 
 def test_eval_reports_every_mode(tmp_path: Path) -> None:
     report = cli_json("eval", str(_beir(tmp_path)), "--workdir", str(tmp_path / "work"))
-    assert report["queries"] >= 5
+    assert report["queries"] >= 5 and report["blank_queries"] == 1
     for mode in ("lexical", "semantic", "hybrid"):
         scores = report["modes"][mode]
         for key in ("mrr@10", "ndcg@10", "recall@1", "recall@10", "recall@100",
@@ -82,6 +86,17 @@ def test_nonsense_abstains_and_real_queries_answer(
     silent = next(q for q in nonsense if searcher.search(q, k=5).abstained)
     response = cli_json("search", silent, "--index", str(root / ".ssindex"))
     assert response["abstained"] is True and response["results"] == []
+
+
+def test_an_empty_query_is_an_error(stdlib_index: tuple[Path, dict[str, Any]]) -> None:
+    root, _ = stdlib_index
+    for mode in ("hybrid", "semantic", "lexical"):
+        with pytest.raises(ConfigError, match="empty"):
+            Searcher(root / ".ssindex").search(" \t", mode=mode, abstain=False)
+    result = run_cli("search", "", "--index", str(root / ".ssindex"), "--no-abstain",
+                     check=False)
+    assert result.returncode == 2 and "the query is empty" in result.stderr
+    assert not result.stdout
 
 
 def test_incremental_recalibration_equals_a_full_one() -> None:
