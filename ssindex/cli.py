@@ -98,8 +98,13 @@ def build(
         raise typer.Exit(1 if reasons else 0)
     live = err.is_terminal and not no_progress
     reporter: Any = RichProgress(err) if live else PlainProgress()
-    with reporter:
-        stats = run_build(path, index, cfg, overrides, progress=reporter, ray=ray)
+    try:
+        with reporter:
+            stats = run_build(path, index, cfg, overrides, progress=reporter, ray=ray)
+    except KeyboardInterrupt:
+        err.print("interrupted: searches see the last committed build; the next build "
+                  "reuses the batches embedded so far", highlight=False, soft_wrap=True)
+        raise typer.Exit(130) from None
     if as_json:
         _emit(stats)
     else:

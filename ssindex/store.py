@@ -22,14 +22,16 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import queue
 import re
 import tempfile
+import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -37,6 +39,8 @@ import xxhash
 
 from ssindex.errors import IndexCorrupt, IndexNotFound, IndexNotWritable
 from ssindex.stages.quantize import dequantize_matrix
+
+T = TypeVar("T")
 
 FORMAT_VERSION = 1
 TABLE = "chunks"
@@ -237,16 +241,10 @@ class TableWriter:
         """Commit new and changed rows, delete rows not in ``row_ids`` (filled while
         ``batches`` is consumed); returns the new table version."""
         db = self.index.connect()
-        failures: list[BaseException] = []
-        changed = _remember_failure(self._changed(batches, previous_digests), failures)
+        changed = self._changed(batches, previous_digests)
         if self.previous is None or TABLE not in db.table_names():
-            try:
-                table = db.create_table(TABLE, data=pa.RecordBatchReader.from_batches(
-                    CHUNK_SCHEMA, changed), schema=CHUNK_SCHEMA, mode="overwrite")
-            except Exception:
-                if failures:  # Lance wraps errors raised by our batches: raise the original
-                    raise failures[0] from None
-                raise
+            table = _stream_to(lambda reader: db.create_table(
+                TABLE, data=reader, schema=CHUNK_SCHEMA, mode="overwrite"), changed)
             return int(table.version)
         table = db.open_table(TABLE)
         if table.version != self.previous.table_version:
@@ -297,13 +295,59 @@ class TableWriter:
             )
 
 
-def _remember_failure(batches: Iterator[pa.RecordBatch],
-                      failures: list[BaseException]) -> Iterator[pa.RecordBatch]:
+_END, _STOP = object(), object()
+
+
+def _stream_to(write: Callable[[pa.RecordBatchReader], T],
+               batches: Iterable[pa.RecordBatch]) -> T:
+    """``write(reader)`` on a helper thread while ``batches`` are produced on this one.
+
+    Lance pulls a reader's batches on a thread of its own. Handed the pipeline itself,
+    it would run every stage, embedding included, on that thread: a Ctrl-C would stop
+    only the thread waiting for Lance, the pipeline would run on, and the process
+    would abort at exit ("terminate called without an active exception"). Here the
+    pipeline stays on the calling thread, where interrupts and errors land; the write
+    is then abandoned (nothing is committed) before they go on."""
+    handoff: queue.Queue[Any] = queue.Queue(maxsize=2)
+    written: list[T] = []
+    failed: list[BaseException] = []
+
+    def handed() -> Iterator[pa.RecordBatch]:
+        while (item := handoff.get()) is not _END:
+            if item is _STOP:
+                raise RuntimeError("the build stopped before its last batch")
+            yield item
+
+    def run() -> None:
+        try:
+            written.append(write(pa.RecordBatchReader.from_batches(CHUNK_SCHEMA, handed())))
+        except BaseException as exc:  # raised on the calling thread
+            failed.append(exc)
+
+    writer = threading.Thread(target=run, name="ssindex-lance-write")
+    writer.start()
+
+    def hand(item: Any) -> bool:
+        """Queue ``item`` for the writer; False once it has stopped (it failed)."""
+        while writer.is_alive():
+            with contextlib.suppress(queue.Full):
+                handoff.put(item, timeout=0.1)
+                return True
+        return False
+
     try:
-        yield from batches
-    except BaseException as exc:
-        failures.append(exc)
+        for batch in batches:
+            if not hand(batch):
+                break
+        hand(_END)
+    except BaseException:
+        hand(_STOP)
+        writer.join()
         raise
+    writer.join()
+    if failed:
+        raise failed[0]
+    return written[0]
 
 
 def scan(table: Any, columns: list[str], where: str | None = None,

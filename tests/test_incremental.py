@@ -163,6 +163,37 @@ def test_sigkill_leaves_old_index_and_next_build_recovers(tmp_path: Path, point:
     _assert_same_rows(_rows(root / ".ssindex"), _rows(clean / ".ssindex"))
 
 
+def test_ctrl_c_stops_a_clean_build_cleanly(tmp_path: Path) -> None:
+    """SIGINT while a clean build embeds: exit 130 with one line (no abort, no
+    traceback, no backend falling back), nothing committed, and the next build
+    reuses the batches checkpointed before the interrupt."""
+    root = tmp_path / "tree"
+    shutil.copytree(STDLIB / "email", root / "email", ignore=shutil.ignore_patterns("__py*"))
+    config = tmp_path / "short.toml"
+    config.write_text("[embed]\nmax_tokens = 64\n")  # several batches, each quick
+    process = subprocess.Popen(
+        [CLI, "build", str(root), "--no-progress", "--config", str(config)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # not inherited ignored
+    staging = root / ".ssindex" / "staging"
+    deadline = time.monotonic() + 300
+    while not any(staging.glob("*/*.arrow")) and process.poll() is None \
+            and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert process.poll() is None, "build finished before its first checkpoint"
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130, stderr
+    assert "interrupted: searches see the last committed build" in stderr
+    for noise in ("terminate called", "Traceback", "falling back"):
+        assert noise not in stderr
+    assert not (root / ".ssindex" / "HEAD.json").exists()
+    resumed = cli_json("build", str(root), "--no-progress", "--config", str(config))
+    assert resumed["chunks_reused"] > 0
+    assert resumed["chunks_reused"] + resumed["chunks_embedded"] + resumed[
+        "chunks_deduplicated"] == resumed["chunks_total"]
+
+
 READER = """
 import sys, json
 from ssindex.search import Searcher
