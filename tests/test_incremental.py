@@ -163,6 +163,22 @@ def test_sigkill_leaves_old_index_and_next_build_recovers(tmp_path: Path, point:
     _assert_same_rows(_rows(root / ".ssindex"), _rows(clean / ".ssindex"))
 
 
+def test_a_changed_line_length_limit_judges_unchanged_files_again(tmp_path: Path) -> None:
+    """Stat-trusted files are not read, so a new limit must make the walk read them."""
+    root = tmp_path / "tree"
+    root.mkdir()
+    (root / "app.py").write_text("def main():\n    return 1\n")
+    (root / "bundle.js").write_text(";".join(f"function f{i}(){{}}" for i in range(900)))
+    keep_all = tmp_path / "keep.toml"
+    keep_all.write_text("[walk]\nmax_average_line_chars = 0\n")
+    time.sleep(2.1)  # files older than the racy-stat margin: the next build may trust them
+    assert _build(root, "--config", str(keep_all))["files_indexed"] == 2
+    rebuilt = _build(root)
+    assert rebuilt["files_skipped"] == {"minified": 1} and rebuilt["files_removed"] == 1
+    paths = {row["path"] for row in _rows(root / ".ssindex").values()}
+    assert paths == {"app.py"}
+
+
 def test_ctrl_c_stops_a_clean_build_cleanly(tmp_path: Path) -> None:
     """SIGINT while a clean build embeds: exit 130 with one line (no abort, no
     traceback, no backend falling back), nothing committed, and the next build

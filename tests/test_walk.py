@@ -84,6 +84,18 @@ def test_non_utf8_file_name_is_skipped(tmp_path: Path) -> None:
     assert files == ["good.py"] and stats.skipped["non_utf8_name"] == 1
 
 
+def test_minified_and_one_line_data_files_are_skipped(tmp_path: Path) -> None:
+    bundle = ";".join(f"function f{i}(a){{return a+{i}}}" for i in range(2000))
+    _write(tmp_path, "app.js", bundle + "\n")
+    _write(tmp_path, "data.json", "[" + ",".join(str(i) for i in range(5000)) + "]")
+    long_line = "BLOB = '" + "x" * 20_000 + "'\n"  # one long line in a file of short ones
+    _write(tmp_path, "blob.py", long_line + "".join(f"v{i} = {i}\n" for i in range(400)))
+    files, stats = _walk(tmp_path)
+    assert files == ["blob.py"] and stats.skipped["minified"] == 2
+    kept = [f.path for f in walk(tmp_path, WalkConfig(max_average_line_chars=0), WalkStats())]
+    assert kept == ["app.js", "blob.py", "data.json"]
+
+
 def test_empty_repository_and_bad_roots(tmp_path: Path) -> None:
     assert _walk(tmp_path)[0] == []
     file = _write(tmp_path, "f.py", "x = 1\n")

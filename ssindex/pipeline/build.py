@@ -141,7 +141,7 @@ def _previous(index: IndexDir, cfg: BuildConfig, model: ModelSpec,
     try:
         head = index.read_head()
         return PreviousIndex.load(index, head, settings_fingerprint(cfg, model),
-                                  cfg.quantization)
+                                  cfg.quantization, cfg.walk)
     except (IndexCorrupt, OSError, KeyError, ValueError) as exc:
         progress.message(f"previous index unreadable, rebuilding from scratch: {exc}")
         return None

@@ -11,6 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ssindex.config import WalkConfig
 from ssindex.rows import Chunk, IndexedChunk, SourceFile, Stamp
 from ssindex.store import Head, IndexDir, stored_vectors
 
@@ -45,7 +46,7 @@ class PreviousIndex:
 
     @classmethod
     def load(cls, index: IndexDir, head: Head, fingerprint: str,
-             quantization: str) -> PreviousIndex:
+             quantization: str, walk: WalkConfig) -> PreviousIndex:
         dataset = index.open_table(head.table_version).to_lance()
         chunks = dataset.to_table(columns=list(_LIGHT_COLUMNS))
         manifest = index.read_manifest(head.data["manifest"]).to_pylist()
@@ -54,7 +55,7 @@ class PreviousIndex:
                        chunks_reusable=head.data["settings"]["fingerprint"] == fingerprint,
                        # float32 codes are exact: any quantization can start from them
                        vectors_reusable=head.quantization in (quantization, "none"),
-                       dataset=dataset, known=_trusted(manifest, head))
+                       dataset=dataset, known=_trusted(manifest, head, walk))
         previous.position = {row_id: i for i, row_id in enumerate(chunks.column("id").to_pylist())}
         return previous
 
@@ -108,11 +109,14 @@ STAT_MARGIN_NS = 2_000_000_000
 file system's coarse clock may stamp a later write with an earlier time."""
 
 
-def _trusted(manifest: list[dict[str, Any]], head: Head) -> dict[str, Stamp]:
+def _trusted(manifest: list[dict[str, Any]], head: Head, walk: WalkConfig,
+             ) -> dict[str, Stamp]:
     """The manifest's files whose stat a walk may trust instead of reading them: those
-    last changed well before the previous walk began (git's "racy" rule)."""
+    last changed well before the previous walk began (git's "racy" rule), and none
+    when the previous walk judged contents by another line-length limit."""
     started = head.data.get("walk_started_ns")
-    if started is None:
+    judged = head.data["settings"]["config"].get("walk", {}).get("max_average_line_chars")
+    if started is None or judged != walk.max_average_line_chars:
         return {}
     cutoff = int(started) - STAT_MARGIN_NS
     return {m["path"]: Stamp(m["size"], m["mtime_ns"], m["ctime_ns"], m["inode"],

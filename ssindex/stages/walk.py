@@ -243,6 +243,10 @@ def _read(path: str, rel: str, cfg: WalkConfig, stats: WalkStats,
     if not text.strip():
         stats.skipped["empty"] += 1
         return None
+    limit = cfg.max_average_line_chars
+    if limit and len(text) > limit * (text.count("\n") + 1):
+        stats.skipped["minified"] += 1
+        return None
     return SourceFile(
         path=rel,
         language=detect_language(rel),
