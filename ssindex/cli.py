@@ -140,9 +140,14 @@ def search(
     for rank, hit in enumerate(response.results, 1):
         out.print(f"[bold]{rank:>2}. {hit['path']}:{hit['start_line']}-{hit['end_line']}[/] "
                   f"[cyan]{hit['kind']} {hit['symbol']}[/]  [dim]{hit['score']:.4f}[/]")
-        snippet = "\n".join(hit["text"].splitlines()[:6])
-        out.print(snippet, markup=False, highlight=False)
+        out.print(snippet(hit["text"]), markup=False, highlight=False)
         out.print()
+
+
+def snippet(text: str, lines: int = 6, width: int = 200) -> str:
+    """A result's first lines, each cut at ``width`` (one line may hold a whole file)."""
+    return "\n".join(line if len(line) <= width else line[: width - 1] + "…"
+                     for line in text.splitlines()[:lines])
 
 
 @app.command()

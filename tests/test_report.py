@@ -4,6 +4,7 @@ import io
 
 from rich.console import Console
 
+from ssindex.cli import snippet
 from ssindex.report import PlainProgress, RichProgress, summary_table
 
 
@@ -42,3 +43,11 @@ def test_summary_table_renders_build_stats() -> None:
     Console(file=out, width=160).print(summary_table(stats))
     assert "2 indexed of 3 seen" in out.getvalue() and "binary 1" in out.getvalue()
     assert "1 changed, 0 new, 2 removed, 1 read" in out.getvalue()
+
+
+def test_search_snippets_cut_long_lines_and_keep_short_ones() -> None:
+    text = "def f():\n    return '" + "x" * 100_000 + "'\n" + "".join(f"# {i}\n" for i in range(9))
+    lines = snippet(text).splitlines()
+    assert len(lines) == 6 and lines[0] == "def f():"
+    assert len(lines[1]) == 200 and lines[1].endswith("…")
+    assert lines[2:] == ["# 0", "# 1", "# 2", "# 3"]
