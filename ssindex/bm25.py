@@ -173,12 +173,17 @@ class Postings:
     def scores(self, query_terms: list[str], name_weight: float) -> np.ndarray:
         """BM25 score of every document (zero where no term matches), the name field's
         part weighted by ``name_weight``."""
-        ids = [i for t in query_terms if (i := self.vocabulary.get(t)) is not None]
-        if not ids:
+        known = [i for t in query_terms if (i := self.vocabulary.get(t)) is not None]
+        if not known:
             return np.zeros(self.size, np.float32)
+        # a term the query repeats counts that many times: its postings are read once
+        # (a pasted snippet repeats its words hundreds of times)
+        ids, repeats = np.unique(known, return_counts=True)
         spans = [slice(self.offsets[i], self.offsets[i + 1]) for i in ids]
         docs = np.concatenate([self.docs[s] for s in spans])
         impacts = np.concatenate([self.impacts[s] for s in spans])
+        if repeats.max() > 1:
+            impacts *= np.repeat(repeats, [s.stop - s.start for s in spans])
         impacts[np.concatenate([self.in_name[s] for s in spans])] *= name_weight
         return np.bincount(docs, weights=impacts, minlength=self.size).astype(np.float32)
 

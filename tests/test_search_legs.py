@@ -48,7 +48,7 @@ def test_postings_score_like_textbook_bm25_over_both_fields() -> None:
     restored = Postings.from_table(postings.to_table(), len(bodies))
     for query, name_weight in itertools.product(
             (["decode", "json", "string"], ["encoder"], ["scanner", "scanner", "py"],
-             ["no_such_term"]), (0.5, 2.0)):
+             ["json", "decode", "json", "json"], ["no_such_term"]), (0.5, 2.0)):
         body = _bm25([b.split() for b in bodies], query)
         name = _bm25([n.split() for n in names], query)
         expected = [x + name_weight * y for x, y in zip(body, name, strict=True)]
