@@ -22,16 +22,17 @@ def test_hostile_tree_builds_with_every_skip_counted(tmp_path: Path) -> None:
         for _ in range(500):
             handle.write("1," * 50_000)
         handle.write("1];")
-    (root / "deep.py").write_text("x = " + "[" * 10_000 + "]" * 10_000 + "\n")
+    (root / "bundle.js").write_text(";".join(f"f{i}()" for i in range(20_000)))  # 200 KB
+    (root / "deep.py").write_text("x = " + "[\n" * 10_000 + "]" * 10_000 + "\n")
     (root / "loop.py").symlink_to(root / "loop.py")
     (tmp_path / "secret.py").write_text("password = 'x'\n")
     (root / "escape.py").symlink_to(tmp_path / "secret.py")
     with open(os.fsencode(root) + b"/caf\xe9.py", "wb") as handle:
         handle.write(b"x = 1\n")
     stats = cli_json("build", str(root), "--no-progress")
-    assert stats["files_skipped"] == {"binary": 1, "invalid_utf8": 1, "non_utf8_name": 1,
-                                      "symlink_broken_or_loop": 1, "symlink_outside_root": 1,
-                                      "too_large": 1}
+    assert stats["files_skipped"] == {"binary": 1, "invalid_utf8": 1, "minified": 1,
+                                      "non_utf8_name": 1, "symlink_broken_or_loop": 1,
+                                      "symlink_outside_root": 1, "too_large": 1}
     assert stats["files_indexed"] == 2  # ok.py and deep.py
     hits = cli_json("search", "fine", "--index", str(root / ".ssindex"), "--mode", "lexical")
     assert hits["results"][0]["path"] == "ok.py"
