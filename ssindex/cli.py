@@ -13,6 +13,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from ssindex.errors import ConfigError, SsindexError
 
@@ -94,7 +95,8 @@ def build(
         if as_json:
             _emit({"stale": bool(reasons), "reasons": reasons})
         else:
-            Console().print("stale: " + "; ".join(reasons) if reasons else "current")
+            Console().print("stale: " + "; ".join(reasons) if reasons else "current",
+                            markup=False)
         raise typer.Exit(1 if reasons else 0)
     live = err.is_terminal and not no_progress
     reporter: Any = RichProgress(err) if live else PlainProgress()
@@ -138,8 +140,10 @@ def search(
     elif not response.results:
         out.print("no results")
     for rank, hit in enumerate(response.results, 1):
-        out.print(f"[bold]{rank:>2}. {hit['path']}:{hit['start_line']}-{hit['end_line']}[/] "
-                  f"[cyan]{hit['kind']} {hit['symbol']}[/]  [dim]{hit['score']:.4f}[/]")
+        # paths and symbols are the repository's: escaped, so "[red]x.py" prints as named
+        out.print(f"[bold]{rank:>2}. {escape(hit['path'])}:{hit['start_line']}-"
+                  f"{hit['end_line']}[/] [cyan]{escape(hit['kind'])} {escape(hit['symbol'])}[/]"
+                  f"  [dim]{hit['score']:.4f}[/]")
         out.print(snippet(hit["text"]), markup=False, highlight=False)
         out.print()
 
@@ -160,7 +164,7 @@ def status(index: IndexOpt = None, as_json: JsonOpt = False) -> None:
         _emit(data)
     else:
         for key, value in data.items():
-            Console().print(f"[bold]{key:<14}[/]{value}")
+            Console().print(f"[bold]{key:<14}[/]{escape(str(value))}")
 
 
 @app.command()
@@ -202,7 +206,7 @@ def evaluate(
         return
     from rich.table import Table
 
-    table = Table(title=f"{report['dataset']} ({report['quantization']})")
+    table = Table(title=escape(f"{report['dataset']} ({report['quantization']})"))
     columns = ["mrr@10", "ndcg@10", "recall@1", "recall@10", "recall@100", "identifier_top1",
                "latency_ms_p50", "abstained"]
     table.add_column("mode")
@@ -228,7 +232,7 @@ def calibrate(as_json: JsonOpt = False) -> None:
         return
     out = Console()
     for name, figure in record["figures"].items():
-        out.print(f"[bold]{name:<16}[/]{figure}")
+        out.print(f"[bold]{name:<16}[/]{escape(str(figure))}")
     for phase, winner in record["phases"].items():
         out.print(f"[green]{phase}[/] → {winner['backend']} ({winner['figure']})")
     out.print(f"stored in {record['stored_at']}")
@@ -243,16 +247,9 @@ def doctor(as_json: JsonOpt = False) -> None:
     if as_json:
         _emit(report)
         return
-    out = Console()
-    inv = report["hardware"]
-    out.print(f"[bold]CPU[/]      {inv['cpu_model']} x{inv['cpu_count']} "
-              f"features: {' '.join(inv['cpu_flags']) or 'none'}")
-    out.print(f"[bold]CUDA[/]     {inv['cuda_devices'] or 'none'}")
-    out.print(f"[bold]Apple[/]    MPS {inv['mps']}, Neural Engine {inv['neural_engine']}")
-    for name, info in report["runtimes"].items():
-        out.print(f"[bold]{name:<9}[/]{info}")
-    for phase, choice in report["phases"].items():
-        out.print(f"[bold]{phase:<12}[/]{choice}")
+    from ssindex.report import doctor_table
+
+    Console().print(doctor_table(report))
 
 
 def main() -> None:
@@ -260,5 +257,5 @@ def main() -> None:
     try:
         app()
     except SsindexError as exc:
-        err.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        err.print(f"[red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
         raise SystemExit(exc.exit_code) from None

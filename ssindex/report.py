@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -22,6 +23,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 from rich.table import Table
+from rich.text import Text
 
 _UNITS = {"walk": "files", "chunk": "chunks", "embed": "chunks"}
 
@@ -60,7 +62,7 @@ class RichProgress:
             self._progress.update(self._tasks["embed"], total=self._counts["chunk"])
 
     def message(self, text: str) -> None:
-        self.console.print(f"[yellow]warning:[/] {text}")
+        self.console.print(f"[yellow]warning:[/] {escape(text)}")
 
 
 class PlainProgress:
@@ -107,9 +109,6 @@ def _backend_line(report: dict[str, Any]) -> str:
 
 
 def summary_table(stats: dict[str, Any]) -> Table:
-    table = Table(title="ssindex build", show_header=False, title_justify="left")
-    table.add_column(style="bold")
-    table.add_column()
     skipped = ", ".join(f"{k} {v}" for k, v in stats["files_skipped"].items()) or "none"
     bulk = stats["backends"]["embed_bulk"]
     rows = [
@@ -127,6 +126,40 @@ def summary_table(stats: dict[str, Any]) -> Table:
         ("wall", f"{stats['wall_seconds']:.1f}s"),
         ("index", f"{stats['index']} (version {stats['table_version']})"),
     ]
+    return _facts("ssindex build", rows)
+
+
+def doctor_table(report: dict[str, Any]) -> Table:
+    """``ssindex doctor``'s findings, one row per device, runtime and phase."""
+    hardware = report["hardware"]
+    rows = [
+        ("CPU", f"{hardware['cpu_model']} x{hardware['cpu_count']}, features: "
+                f"{' '.join(hardware['cpu_flags']) or 'none'}"),
+        ("CUDA", ", ".join(device["name"] for device in hardware["cuda_devices"]) or "none"),
+        ("Apple", f"MPS {hardware['mps']}, Neural Engine {hardware['neural_engine']}"),
+        *((name, ", ".join(f"{key} {_plain(value)}" for key, value in info.items()))
+          for name, info in report["runtimes"].items()),
+        ("model", report["model"]),
+        *((phase, _backend_line(choice)) for phase, choice in report["phases"].items()),
+        *(("calibrated", f"{phase}: {winner['backend']} ({winner['figure']})")
+          for phase, winner in report["calibrated"].items()),
+        *(("warning", warning) for warning in report["warnings"]),
+    ]
+    return _facts("ssindex doctor", rows)
+
+
+def _facts(title: str, rows: list[tuple[str, str]]) -> Table:
+    """A two-column table of named facts. Values are plain text, never rich markup: a
+    reason such as "[fallback: …]" or "[Errno 20]" would be read as a style tag."""
+    table = Table(title=title, show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column()
     for key, value in rows:
-        table.add_row(key, value)
+        table.add_row(key, Text(value))
     return table
+
+
+def _plain(value: Any) -> str:
+    if isinstance(value, list):
+        return ", ".join(map(str, value)) or "none"
+    return "none" if value is None else str(value)

@@ -68,3 +68,21 @@ def test_files_that_vanish_or_change_during_the_walk(tmp_path: Path) -> None:
             (tmp_path / "d.py").write_text("d = 2  # changed mid-walk\n")
     assert seen == ["a.py", "b.py", "d.py"]
     assert stats.skipped["vanished"] == 1
+
+
+def test_names_with_brackets_print_as_they_are(tmp_path: Path) -> None:
+    """Paths and messages are the user's, not rich markup: "[red]" is not a style and
+    "[/]" does not crash the error line."""
+    root = tmp_path / "repo"
+    root.mkdir()
+    (root / "[red]probe.py").write_text("def bracket_probe():\n    return 1\n")
+    (root / "x[b]y.py").write_text("def bracket_probe_two():\n    return 2\n")
+    index = str(tmp_path / "[bold]index")
+    cli_json("build", str(root), "--index", index, "--no-progress")
+    shown = run_cli("search", "bracket_probe", "--index", index, "-k", "2",
+                    "--mode", "lexical").stdout
+    assert "[red]probe.py:1-2" in shown and "x[b]y.py:1-2" in shown
+    assert "[bold]index" in run_cli("status", "--index", index).stdout
+    missing = run_cli("search", "x", "--index", str(tmp_path / "[/]nowhere"), check=False)
+    assert missing.returncode == 3 and "Traceback" not in missing.stderr
+    assert "[/]nowhere" in missing.stderr

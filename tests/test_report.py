@@ -5,7 +5,7 @@ import io
 from rich.console import Console
 
 from ssindex.cli import snippet
-from ssindex.report import PlainProgress, RichProgress, summary_table
+from ssindex.report import PlainProgress, RichProgress, doctor_table, summary_table
 
 
 def test_rich_progress_shows_every_stage_on_a_terminal() -> None:
@@ -51,3 +51,27 @@ def test_search_snippets_cut_long_lines_and_keep_short_ones() -> None:
     assert len(lines) == 6 and lines[0] == "def f():"
     assert len(lines[1]) == 200 and lines[1].endswith("…")
     assert lines[2:] == ["# 0", "# 1", "# 2", "# 3"]
+
+
+def test_doctor_table_names_choices_fallbacks_and_calibration() -> None:
+    report = {
+        "hardware": {"cpu_model": "EPYC", "cpu_count": 2, "cpu_flags": ["avx2"],
+                     "cuda_devices": [{"name": "H200"}], "mps": False, "neural_engine": False},
+        "runtimes": {"torch": {"version": "2.13.0", "cuda_build": None},
+                     "onnxruntime": {"version": "1.32.0",
+                                     "listed_providers": ["CUDAExecutionProvider"]}},
+        "model": "all-MiniLM-L6-v2@a26f",
+        "phases": {"embed_query": {"backend": "onnx-cpu", "device": "cpu", "dtype": "fp32",
+                                   "reason": "single queries", "fallback_reason": "no GPU"}},
+        "calibrated": {"embed_bulk": {"backend": "torch-cuda", "figure": "9000 chunks/s"}},
+        "warnings": ["embed_query: onnx-cuda could not run"],
+    }
+    out = io.StringIO()
+    Console(file=out, width=200).print(doctor_table(report))
+    text = out.getvalue()
+    for line in ("CUDA        │ H200", "torch       │ version 2.13.0, cuda_build none",
+                 "listed_providers CUDAExecutionProvider",
+                 "embed_query │ onnx-cpu (fp32): single queries [fallback: no GPU]",
+                 "calibrated  │ embed_bulk: torch-cuda (9000 chunks/s)",
+                 "warning     │ embed_query: onnx-cuda could not run"):
+        assert line in text, text
