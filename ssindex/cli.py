@@ -235,7 +235,7 @@ def calibrate(as_json: JsonOpt = False) -> None:
         out.print(f"[bold]{name:<16}[/]{escape(str(figure))}")
     for phase, winner in record["phases"].items():
         out.print(f"[green]{phase}[/] → {winner['backend']} ({winner['figure']})")
-    out.print(f"stored in {record['stored_at']}")
+    out.print(f"stored in {escape(record['stored_at'])}")
 
 
 @app.command()
