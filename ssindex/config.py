@@ -7,6 +7,7 @@ config file names that ssindex does not know is an error, never ignored.
 from __future__ import annotations
 
 import dataclasses
+import math
 import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -79,6 +80,22 @@ _SECTIONS: dict[str, type] = {
 }
 
 
+_BOUNDS: dict[tuple[str, str], tuple[float, float]] = {
+    ("walk", "max_file_bytes"): (1, math.inf),
+    ("walk", "max_average_line_chars"): (0, math.inf),
+    ("chunk", "max_chars"): (1, math.inf),
+    ("chunk", "max_depth"): (1, math.inf),
+    # below 0.5, "near duplicates" would share less than half their shingles
+    ("dedupe", "near_threshold"): (0.5, 1.0),
+    ("dedupe", "num_perm"): (16, math.inf),  # LSH bands of up to 16 rows need as many
+    ("dedupe", "shingle_size"): (1, math.inf),
+    ("dedupe", "min_tokens"): (0, math.inf),
+    ("embed", "max_tokens"): (3, math.inf),  # the model's two special tokens and one more
+    ("embed", "batch_tokens"): (1, math.inf),
+}
+"""Inclusive bounds of numeric settings; outside them a build would fail or be useless."""
+
+
 def _section(cls: type, values: dict[str, Any], name: str) -> Any:
     known = {f.name: f for f in fields(cls)}
     unknown = sorted(set(values) - set(known))
@@ -94,6 +111,10 @@ def _section(cls: type, values: dict[str, Any], name: str) -> Any:
                 raise ConfigError(
                     f"[{name}] {key} must be {type(default).__name__}, got {value!r}"
                 )
+        low, high = _BOUNDS.get((name, key), (-math.inf, math.inf))
+        if isinstance(value, int | float) and not low <= value <= high:
+            bound = f"at least {low}" if high == math.inf else f"between {low} and {high}"
+            raise ConfigError(f"[{name}] {key} must be {bound}, got {value!r}")
         converted[key] = value
     return cls(**converted)
 

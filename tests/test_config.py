@@ -26,3 +26,26 @@ def test_bad_configs_are_rejected(tmp_path: Path, text: str) -> None:
     path.write_text(text)
     with pytest.raises(ConfigError):
         load_config(path)
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("[embed]\nmax_tokens = -5\n", "max_tokens must be at least 3, got -5"),
+    ("[embed]\nbatch_tokens = 0\n", "batch_tokens must be at least 1"),
+    ("[dedupe]\nnum_perm = 8\n", "num_perm must be at least 16"),
+    ("[dedupe]\nnear_threshold = 1.5\n", "near_threshold must be between 0.5 and 1.0"),
+    ("[chunk]\nmax_chars = 0\n", "max_chars must be at least 1"),
+    ("[walk]\nmax_average_line_chars = -1\n", "max_average_line_chars must be at least 0"),
+])
+def test_settings_out_of_bounds_are_rejected(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        load_config(path)
+
+
+def test_settings_at_their_bounds_load(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text("[embed]\nmax_tokens = 3\nbatch_tokens = 1\n[dedupe]\nnum_perm = 16\n"
+                    "near_threshold = 1.0\n[walk]\nmax_average_line_chars = 0\n")
+    cfg = load_config(path)
+    assert (cfg.embed.max_tokens, cfg.dedupe.num_perm, cfg.dedupe.near_threshold) == (3, 16, 1.0)
