@@ -46,7 +46,8 @@ def _sample_chunks() -> list[str]:
     return (texts * (BULK_CHUNKS // max(len(texts), 1) + 1))[:BULK_CHUNKS]
 
 
-def _runnable(inventory: Inventory) -> list[str]:
+def runnable_backends(inventory: Inventory) -> list[str]:
+    """The backends this machine's hardware could run, each to be probed and timed."""
     names = ["torch-cpu-fp32", "torch-cpu-bf16", "onnx-cpu", "onnx-cpu-int8"]
     if inventory.cuda_devices:
         names += ["torch-cuda", "onnx-cuda"]
@@ -77,7 +78,7 @@ def calibrate(model: str | None = None) -> dict[str, Any]:
     texts = _sample_chunks()
     figures: dict[str, dict[str, Any]] = {}
     encoders: dict[str, Encoder] = {}
-    for name in _runnable(inventory):
+    for name in runnable_backends(inventory):
         try:
             backend = create(name, spec, inventory)
             probe(backend)

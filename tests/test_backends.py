@@ -11,7 +11,8 @@ import pytest
 from ssindex.backends.base import Encoder
 from ssindex.backends.inventory import Inventory, detect
 from ssindex.backends.model import ModelSpec
-from ssindex.backends.selector import candidates, create, parse_overrides, select
+from ssindex.backends.selector import PHASES, candidates, create, parse_overrides, select
+from ssindex.calibrate import runnable_backends
 from ssindex.config import ChunkConfig
 from ssindex.errors import BackendUnavailable, ConfigError
 from ssindex.rows import SourceFile
@@ -100,6 +101,16 @@ def test_explicit_unavailable_backend_raises(model: ModelSpec) -> None:
         parse_overrides(["embed_bulk=warp-drive"])
     with pytest.raises(ConfigError):
         parse_overrides(["index=torch-cpu"])
+
+
+def test_every_backend_auto_mode_or_calibration_can_pick_is_a_valid_choice() -> None:
+    """What auto mode picks, a user can ask for by name (``--backend PHASE=NAME``)."""
+    machine = _machine(cuda_devices=({"name": "NVIDIA H200", "memory_gib": 139.8},),
+                       mps=True, neural_engine=True)
+    named = {name for phase in PHASES for name, _ in candidates(phase, machine)}
+    named |= set(runnable_backends(machine))
+    for name in sorted(named):
+        assert parse_overrides([f"embed_query={name}"]) == {"embed_query": name}
 
 
 def test_cli_explicit_cuda_fails_cleanly(tmp_path: Path) -> None:

@@ -23,7 +23,7 @@ from ssindex.errors import BackendUnavailable, ConfigError
 PHASES = ("embed_bulk", "embed_query")
 BACKENDS = (
     "torch-cuda", "torch-mps", "torch-cpu", "torch-cpu-fp32", "torch-cpu-bf16",
-    "onnx-cuda", "onnx-coreml", "onnx-cpu", "coreml",
+    "onnx-cuda", "onnx-coreml", "onnx-cpu", "onnx-cpu-int8", "coreml",
 )
 CALIBRATION_FILE = "calibration.json"
 
