@@ -129,8 +129,12 @@ def config_from_mapping(data: dict[str, Any]) -> BuildConfig:
     if quantization not in QUANTIZATIONS:
         raise ConfigError(f"quantization must be one of {', '.join(QUANTIZATIONS)}")
     backends = data.get("backends", {})
-    if not isinstance(backends, dict):
-        raise ConfigError("[backends] must be a table of phase = backend")
+    if not isinstance(backends, dict) or not all(isinstance(v, str) for v in backends.values()):
+        raise ConfigError('[backends] must be a table of phase = "backend"')
+    if backends:  # phase and backend names live with the backends
+        from ssindex.backends.selector import parse_overrides
+
+        backends = parse_overrides([f"{phase}={name}" for phase, name in backends.items()])
     return BuildConfig(
         **parts, quantization=quantization, backends=tuple(sorted(backends.items()))
     )

@@ -20,7 +20,10 @@ def test_default_preset_matches_code_defaults() -> None:
 
 
 @pytest.mark.parametrize("text", ["[chunk]\nmax_char = 3\n", "[nope]\n", "quantization='int3'\n",
-                                  "[chunk]\nmax_chars = 'big'\n", "not toml ["])
+                                  "[chunk]\nmax_chars = 'big'\n", "not toml [",
+                                  "[backends]\nindex = 'torch-cpu'\n",
+                                  "[backends]\nembed_bulk = 'warp'\n",
+                                  "[backends]\nembed_bulk = 3\n"])
 def test_bad_configs_are_rejected(tmp_path: Path, text: str) -> None:
     path = tmp_path / "c.toml"
     path.write_text(text)
