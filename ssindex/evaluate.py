@@ -44,8 +44,8 @@ class Dataset:
     def load(cls, directory: Path) -> Dataset:
         directory = Path(directory)
         try:
-            corpus = {d["_id"]: (d.get("title", "") + "\n" + d["text"]).strip()
-                      for d in _jsonl(directory / "corpus.jsonl")}
+            corpus = {d["_id"]: (d["title"] + "\n" + d["text"]).strip()
+                      for d in _jsonl(directory / "corpus.jsonl", title="")}
             queries = {q["_id"]: q["text"] for q in _jsonl(directory / "queries.jsonl")}
             qrels: dict[str, dict[str, int]] = {}
             lines = (directory / "qrels.tsv").read_text(encoding="utf-8").splitlines()
@@ -72,11 +72,21 @@ class Dataset:
         return ({f"id:{n}": n for n, _ in picked}, {f"id:{n}": {d: 1} for n, d in picked})
 
 
-def _jsonl(path: Path) -> Iterator[dict[str, Any]]:
+def _jsonl(path: Path, **defaults: str) -> Iterator[dict[str, str]]:
+    """A BEIR file's records: JSON objects with string ``_id`` and ``text`` (and any
+    ``defaults`` keys, filled in where absent or null); else the line is an error."""
     with path.open(encoding="utf-8") as handle:
-        for line in handle:
-            if line.strip():
-                yield json.loads(line)
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            record = json.loads(line)
+            if isinstance(record, dict):
+                record = {**defaults, **{k: v for k, v in record.items() if v is not None}}
+                if all(isinstance(record.get(key), str) for key in ("_id", "text", *defaults)):
+                    yield record
+                    continue
+            raise ConfigError(f"{path.name} line {number}: not an object with string "
+                              f"{', '.join(('_id', 'text', *defaults))}")
 
 
 def doc_path(doc_id: str, suffix: str) -> str:
@@ -136,6 +146,14 @@ def _run_queries(searcher: Searcher, queries: dict[str, str], mode: str, paths: 
     return rankings, latencies, abstained
 
 
+def _latency(milliseconds: list[float]) -> tuple[float | None, float | None]:
+    """p50 and p95 of the query latencies; None where no query was searched."""
+    if len(milliseconds) < 2:  # quantiles need two points
+        return (round(milliseconds[0], 2),) * 2 if milliseconds else (None, None)
+    return (round(statistics.median(milliseconds), 2),
+            round(statistics.quantiles(milliseconds, n=20)[-1], 2))
+
+
 @contextmanager
 def _workdir(workdir: Path | None) -> Iterator[Path]:
     if workdir is not None:
@@ -153,6 +171,8 @@ def evaluate(directory: Path, modes: list[str], config: BuildConfig | None = Non
     for mode in modes:
         if mode not in SEARCH_MODES:
             raise ConfigError(f"unknown mode {mode!r} (modes: {', '.join(SEARCH_MODES)})")
+    if not re.fullmatch(r"\.[A-Za-z0-9_+-]{1,16}", suffix):
+        raise ConfigError(f"--suffix must be a file extension such as .py, got {suffix!r}")
     cfg = config or BuildConfig()
     dataset = Dataset.load(directory)
     with _workdir(workdir) as work:
@@ -176,11 +196,10 @@ def evaluate(directory: Path, modes: list[str], config: BuildConfig | None = Non
         for mode in modes:
             rankings, latencies, abstained = _run_queries(searcher, dataset.queries, mode,
                                                           paths, abstain)
-            scores = metrics(rankings, dataset.qrels)
+            scores: dict[str, Any] = metrics(rankings, dataset.qrels)
             id_rankings, _, _ = _run_queries(searcher, id_queries, mode, paths, abstain)
             scores["identifier_top1"] = metrics(id_rankings, id_qrels)["recall@1"]
-            scores["latency_ms_p50"] = round(statistics.median(latencies), 2)
-            scores["latency_ms_p95"] = round(statistics.quantiles(latencies, n=20)[-1], 2)
+            scores["latency_ms_p50"], scores["latency_ms_p95"] = _latency(latencies)
             scores["abstained"] = abstained
             report["modes"][mode] = scores
     return report

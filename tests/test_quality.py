@@ -18,7 +18,7 @@ from ssindex.abstain import (
     recalibrate,
 )
 from ssindex.errors import ConfigError
-from ssindex.evaluate import metrics
+from ssindex.evaluate import Dataset, evaluate, metrics
 from ssindex.search import Searcher
 
 from .conftest import STDLIB, cli_json, run_cli
@@ -68,6 +68,38 @@ def test_eval_reports_every_mode(tmp_path: Path) -> None:
             assert key in scores
         assert scores["recall@100"] >= scores["recall@10"] >= scores["recall@1"]
     assert report["modes"]["hybrid"]["mrr@10"] >= 0.5  # docstrings find their functions
+
+
+@pytest.mark.parametrize(("corpus", "queries", "qrels", "message"), [
+    ('{"_id": "d1", "text": 5}', '{"_id": "q1", "text": "f"}', "q1\td1\t1",
+     "corpus.jsonl line 1: not an object with string _id, text, title"),
+    ('{"_id": "d1", "text": "def f(): pass"}', '{"_id": "q1", "text": null}', "q1\td1\t1",
+     "queries.jsonl line 1: not an object"),
+    ('{"_id": "d1", "text": "def f(): pass"}', "[1, 2]", "q1\td1\t1",
+     "queries.jsonl line 1: not an object"),
+    ('{"_id": "d1", "text": "def f(): pass"}', '{"_id": "q1", "text": "f"}', "q1\td1\tx",
+     "not a BEIR-layout directory"),
+])
+def test_malformed_beir_sets_are_clear_errors(tmp_path: Path, corpus: str, queries: str,
+                                              qrels: str, message: str) -> None:
+    for name, text in (("corpus.jsonl", corpus), ("queries.jsonl", queries),
+                       ("qrels.tsv", qrels)):
+        (tmp_path / name).write_text(text + "\n")
+    with pytest.raises(ConfigError, match=message):
+        Dataset.load(tmp_path)
+
+
+def test_eval_of_a_single_query_and_a_bad_suffix(tmp_path: Path) -> None:
+    corpus = [{"_id": "d1", "title": None, "text": "def parse_config(path):\n    return path"},
+              {"_id": "d2", "text": "def send_mail(to):\n    return to"}]
+    (tmp_path / "corpus.jsonl").write_text("\n".join(json.dumps(d) for d in corpus))
+    (tmp_path / "queries.jsonl").write_text(json.dumps({"_id": "q1", "text": "parse a config"}))
+    (tmp_path / "qrels.tsv").write_text("q1\td1\t1\n")
+    with pytest.raises(ConfigError, match="--suffix"):
+        evaluate(tmp_path, ["hybrid"], suffix="/../escape.py")
+    scores = evaluate(tmp_path, ["hybrid"], workdir=tmp_path / "work")["modes"]["hybrid"]
+    assert scores["mrr@10"] == 1.0
+    assert scores["latency_ms_p50"] == scores["latency_ms_p95"] is not None
 
 
 def test_nonsense_abstains_and_real_queries_answer(
