@@ -46,6 +46,9 @@ FORMAT_VERSION = 1
 TABLE = "chunks"
 _VERSIONED = re.compile(r"(?:v|terms-v|postings-v|search-v)(\d+)\.arrow")
 HEAD = "HEAD.json"
+HEAD_KEYS = ("table_version", "manifest", "root", "built_at", "model", "quantization",
+             "settings", "files", "chunks")
+"""What every head has held since format 1 and readers rely on."""
 
 CHUNK_SCHEMA = pa.schema([
     ("id", pa.string()),
@@ -154,11 +157,16 @@ class IndexDir:
             data = json.loads(file.read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
             raise IndexCorrupt(f"cannot read {file}: {exc}") from exc
+        if not isinstance(data, dict):
+            raise IndexCorrupt(f"{file} is not an index head; rebuild the index")
         if data.get("format_version") != FORMAT_VERSION:
             raise IndexCorrupt(
                 f"index format {data.get('format_version')} at {self.path} is not supported "
                 f"(this ssindex reads format {FORMAT_VERSION}); rebuild it"
             )
+        missing = [key for key in HEAD_KEYS if key not in data]
+        if missing:
+            raise IndexCorrupt(f"{file} lacks {', '.join(missing)}; rebuild the index")
         return Head(data)
 
     def write_head(self, data: dict[str, Any]) -> None:
@@ -213,10 +221,14 @@ class IndexDir:
         import pyarrow.ipc as ipc
 
         path = str(self.path / "manifests" / name)
-        if mmap:
-            return ipc.open_file(pa.memory_map(path)).read_all()
-        with ipc.open_file(path) as reader:
-            return reader.read_all()
+        try:
+            if mmap:
+                return ipc.open_file(pa.memory_map(path)).read_all()
+            with ipc.open_file(path) as reader:
+                return reader.read_all()
+        except (OSError, pa.ArrowException) as exc:
+            raise IndexCorrupt(f"cannot read {path} ({exc}): the index is damaged; "
+                               "remove it and run `ssindex build`") from exc
 
 
 MAX_FRAGMENTS = 8

@@ -86,3 +86,26 @@ def test_names_with_brackets_print_as_they_are(tmp_path: Path) -> None:
     missing = run_cli("search", "x", "--index", str(tmp_path / "[/]nowhere"), check=False)
     assert missing.returncode == 3 and "Traceback" not in missing.stderr
     assert "[/]nowhere" in missing.stderr
+
+
+def test_a_damaged_index_is_a_clear_error(tmp_path: Path) -> None:
+    root = tmp_path / "repo"
+    root.mkdir()
+    (root / "a.py").write_text("def alpha():\n    return 1\n")
+    cli_json("build", str(root), "--no-progress")
+    index = root / ".ssindex"
+    head = (index / "HEAD.json").read_text()
+
+    def fails(*args: str) -> str:
+        result = run_cli(*args, "--index", str(index), check=False)
+        assert result.returncode == 3 and "Traceback" not in result.stderr, result.stderr
+        return result.stderr
+
+    for damaged in ("[]", '{"format_version": 1, "table_version": 1}'):
+        (index / "HEAD.json").write_text(damaged)
+        assert "rebuild the index" in fails("status") and "rebuild the index" in fails(
+            "search", "alpha")
+    (index / "HEAD.json").write_text(head)
+    for manifest in (index / "manifests").glob("search-v*.arrow"):
+        manifest.write_bytes(b"corrupt")
+    assert "the index is damaged" in fails("search", "alpha")
