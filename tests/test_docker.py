@@ -260,3 +260,18 @@ def test_readme_has_the_commands() -> None:
     assert "docker build -f docker/Dockerfile -t ssindex:cpu ." in readme
     assert "docker build -f docker/Dockerfile.cuda -t ssindex:cuda ." in readme
     assert "docker run --rm --gpus all" in readme
+
+
+@pytest.mark.parametrize("name", DOCKERFILES)
+def test_warm_up_exports_the_graph_auto_mode_queries_on(name: str) -> None:
+    """Images are built without a GPU: the warm-up search must export the graph auto
+    mode runs CPU queries on, or each container would export it again at its first
+    query (and fall back to torch on a read-only file system)."""
+    from ssindex.backends.inventory import Inventory
+    from ssindex.backends.selector import candidates
+
+    cpu_only = Inventory(system="Linux", machine="x86_64", cpu_model="any", cpu_count=2)
+    first = candidates("embed_query", cpu_only)[0][0]
+    searches = [rest for keyword, rest in Dockerfile.read(name).instructions
+                if keyword == "RUN" and "ssindex search" in rest]
+    assert len(searches) == 1 and f"--backend embed_query={first}" in searches[0]
