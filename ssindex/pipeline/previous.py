@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -113,10 +114,11 @@ def _trusted(manifest: list[dict[str, Any]], head: Head, walk: WalkConfig,
              ) -> dict[str, Stamp]:
     """The manifest's files whose stat a walk may trust instead of reading them: those
     last changed well before the previous walk began (git's "racy" rule), and none
-    when the previous walk judged contents by another line-length limit."""
+    when that walk ran with other settings: it judged the files' contents by them
+    (line lengths, sizes), and a trusted file is not judged again."""
     started = head.data.get("walk_started_ns")
-    judged = head.data["settings"]["config"].get("walk", {}).get("max_average_line_chars")
-    if started is None or judged != walk.max_average_line_chars:
+    settings = json.loads(json.dumps(dataclasses.asdict(walk)))  # as HEAD.json holds them
+    if started is None or head.data["settings"]["config"].get("walk") != settings:
         return {}
     cutoff = int(started) - STAT_MARGIN_NS
     return {m["path"]: Stamp(m["size"], m["mtime_ns"], m["ctime_ns"], m["inode"],
