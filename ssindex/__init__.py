@@ -8,6 +8,9 @@
 import os
 
 os.environ.setdefault("LANCE_LOG", "error")
+# LanceDB's Rust logger: real warnings stay, but not the notice that a first build's
+# table "will be created", which every clean build would print into the user's terminal
+os.environ.setdefault("LANCEDB_LOG", "warn,lance::dataset::write::insert=error")
 
 from typing import Any
 

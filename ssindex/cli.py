@@ -21,6 +21,8 @@ app = typer.Typer(
     name="ssindex", no_args_is_help=True, add_completion=False,
     help="Index a repository for code search, then search it.",
     pretty_exceptions_enable=False,
+    # help texts are plain text: as rich markup, "ssindex[serve]" lost its "[serve]"
+    rich_markup_mode=None,
 )
 err = Console(stderr=True)
 
@@ -41,6 +43,24 @@ def _index_for(index: str | None, fallback_root: Path = Path(".")) -> Path:
     from ssindex.store import default_index_path
 
     return resolve_index(index) if index is not None else default_index_path(fallback_root)
+
+
+def _version(value: bool) -> None:
+    if value:
+        from ssindex import __version__
+        from ssindex.backends.model import ModelSpec
+
+        print(f"ssindex {__version__}, model {ModelSpec.resolve(None).model_id}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[bool, typer.Option(
+        "--version", callback=_version, is_eager=True,
+        help="Print the version and the bundled model's id, then exit.")] = False,
+) -> None:
+    """Index a repository for code search, then search it."""
 
 
 @app.command()
@@ -253,9 +273,32 @@ def doctor(as_json: JsonOpt = False) -> None:
 
 
 def main() -> None:
-    """Entry point: click handles usage errors (exit 2); ``SsindexError`` is one line."""
+    """Entry point. A usage error is one line and a hint (exit 2), an ``SsindexError`` one
+    line with its own exit code; anything else is a bug and keeps its traceback."""
+    # typer 0.28 vendors click: its exception classes live beside typer.BadParameter
+    click = sys.modules[typer.BadParameter.__module__]
     try:
-        app()
+        code = app(standalone_mode=False)
     except SsindexError as exc:
-        err.print(f"[red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+        _error(str(exc))
         raise SystemExit(exc.exit_code) from None
+    except click.NoArgsIsHelpError as exc:  # bare ``ssindex``: its message is the help
+        print(exc.format_message())
+        raise SystemExit(exc.exit_code) from None
+    except click.UsageError as exc:
+        _error(exc.format_message())
+        if exc.ctx is not None:
+            err.print(f"hint: see '{exc.ctx.command_path} --help'", markup=False,
+                      highlight=False, soft_wrap=True)
+        raise SystemExit(exc.exit_code) from None
+    except click.ClickException as exc:
+        _error(exc.format_message())
+        raise SystemExit(exc.exit_code) from None
+    except click.Abort:
+        _error("aborted")
+        raise SystemExit(1) from None
+    raise SystemExit(code if isinstance(code, int) else 0)
+
+
+def _error(message: str) -> None:
+    err.print(f"[red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)

@@ -25,6 +25,8 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
+from ssindex.backends.selector import BackendReport
+
 _UNITS = {"walk": "files", "chunk": "chunks", "embed": "chunks"}
 
 
@@ -100,12 +102,13 @@ class PlainProgress:
               flush=True)
 
 
-def _backend_line(report: dict[str, Any]) -> str:
-    if report["backend"] is None:  # a rebuild that reused every vector loads no model
-        return f"none: {report['reason']}"
-    fallback = report.get("fallback_reason")
-    return (f"{report['backend']} ({report['dtype']}): {report['reason']}"
-            + (f" [fallback: {fallback}]" if fallback else ""))
+def _backend_line(data: dict[str, Any]) -> str:
+    report = BackendReport.from_json(data)
+    if report.backend is None:  # a rebuild that reused every vector loads no model
+        return f"none: {report.reason}"
+    actors = f", {data['embed_actors']} Ray actors" if "embed_actors" in data else ""
+    return (f"{report.backend} ({report.dtype}{actors}): {report.reason}"
+            + (f" [fallback: {report.fallback_reason}]" if report.fallback_reason else ""))
 
 
 def summary_table(stats: dict[str, Any]) -> Table:

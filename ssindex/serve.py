@@ -126,4 +126,8 @@ def serve(index_path: Path, backend: str | None = None) -> None:
     """Serve ``index_path`` over stdio until the client closes the connection."""
     with stdout_to_stderr():
         server = create_server(index_path, backend)
+        info = status_data(index_path)
+        # stdout is the protocol's: the one line a person sees goes to stderr
+        print(f"ssindex serve: {index_path} ({info['chunks']} chunks, {info['model']}), "
+              "MCP over stdio; Ctrl-C or closing stdin stops it", file=sys.stderr, flush=True)
     server.run("stdio")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -34,6 +35,34 @@ def run_cli(*args: str, check: bool = True, cwd: Path | None = None,
         raise AssertionError(f"ssindex {' '.join(args)} failed ({result.returncode}):\n"
                              f"{result.stdout}\n{result.stderr}")
     return result
+
+
+_ESCAPES = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07|\r")
+
+
+def run_tty(*args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
+    """Run the installed ``ssindex`` console script with stdout and stderr on a
+    pseudo-terminal, as a person at a terminal sees it; returns the exit code and the
+    screen's text with the terminal's control sequences taken out."""
+    import pty
+
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen([CLI, *args], stdin=subprocess.DEVNULL, stdout=follower,
+                            stderr=follower, env={**os.environ, "COLUMNS": "160",
+                                                  "TERM": "xterm-256color", **(env or {})})
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            data = os.read(leader, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(leader)
+    code = proc.wait(timeout=1800)
+    return code, _ESCAPES.sub("", b"".join(chunks).decode("utf-8", "replace"))
 
 
 def cli_json(*args: str, cwd: Path | None = None) -> Any:

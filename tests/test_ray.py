@@ -21,7 +21,7 @@ from ssindex.search import Searcher
 from ssindex.stages.quantize import dequantize_matrix
 from ssindex.store import IndexDir, binary_matrix, scan
 
-from .conftest import STDLIB, copy_stdlib, run_cli
+from .conftest import STDLIB, copy_stdlib, run_cli, run_tty
 
 pytestmark = pytest.mark.slow
 
@@ -98,7 +98,46 @@ def test_ray_build_equals_local_build(built: dict[str, Any]) -> None:
     for key in ("files_indexed", "chunks_total", "chunks_embedded", "chunks_deduplicated",
                 "chunks_near_duplicates", "chunkers"):
         assert distributed[key] == local[key], key
-    assert distributed["backends"]["embed_bulk"]["backend"] == ["torch-cpu"]
+    # the actors run on this machine, so they choose what the local build chose here
+    # (torch-cpu-bf16 on a CPU with AMX, torch-cpu elsewhere): never a name fixed here
+    ray_backend, local_backend = (stats["backends"]["embed_bulk"] for stats in (distributed,
+                                                                                 local))
+    for field in ("backend", "device", "dtype"):
+        assert ray_backend[field] == local_backend[field], field
+    assert ray_backend["reason"].startswith("chosen on each actor: ")
+    assert ray_backend["embed_actors"] >= 1
+
+
+@pytest.mark.parametrize("backend", ["torch-cpu-fp32", "torch-cpu-bf16"])
+def test_both_precisions_build_alike_on_both_engines(cluster: Any, tmp_path: Path,
+                                                      backend: str) -> None:
+    """Whatever this CPU would choose, each precision is checked on a small tree."""
+    root = tmp_path / "tree"
+    root.mkdir()
+    shutil.copy(STDLIB / "json" / "scanner.py", root)
+    overrides = {"embed_bulk": backend}
+    local = build(root, tmp_path / "local", backend_overrides=overrides)
+    distributed = build(root, tmp_path / "ray", backend_overrides=overrides,
+                        ray=RayOptions(files_per_block=1))
+    _assert_same_rows(tmp_path / "local", tmp_path / "ray")
+    reports = [stats["backends"]["embed_bulk"] for stats in (local, distributed)]
+    assert [(r["backend"], r["dtype"]) for r in reports] == [
+        (backend, backend.removeprefix("torch-cpu-"))] * 2
+
+
+def test_ray_build_summary_on_a_terminal_and_piped(tmp_path: Path) -> None:
+    """The summary table of a Ray build, as a user reads it (not only ``--json``)."""
+    root = tmp_path / "tree"
+    root.mkdir()
+    shutil.copy(STDLIB / "json" / "tool.py", root)
+    piped = run_cli("build", str(root), "--engine", "ray", "--no-progress")
+    code, screen = run_tty("build", str(root), "--engine", "ray", "--index",
+                           str(tmp_path / "tty"))
+    assert code == 0, screen
+    for text in (piped.stdout, screen):
+        flat = " ".join(text.split())
+        assert "Traceback" not in text and "WARN" not in text, text
+        assert "ssindex build" in flat and "Ray actors): chosen on each actor" in flat, flat
 
 
 def test_near_duplicates_on_different_tasks_are_found(built: dict[str, Any]) -> None:

@@ -35,7 +35,8 @@ def test_summary_table_renders_build_stats() -> None:
         "files_changed": 1, "files_new": 0, "files_removed": 2, "files_read": 1,
         "chunks_total": 5, "chunks_embedded": 4, "chunks_deduplicated": 1, "chunks_reused": 0,
         "chunks_truncated": 0, "quantization": "int8", "vector_bytes_per_chunk": 388,
-        "backends": {"embed_bulk": {"backend": "torch-cpu", "dtype": "fp32", "reason": "cpu"}},
+        "backends": {"embed_bulk": {"backend": "torch-cpu", "device": "cpu", "dtype": "fp32",
+                                    "reason": "cpu"}},
         "model": "m", "stage_seconds": {"walk": 0.1}, "wall_seconds": 1.0, "index": "/i",
         "table_version": 3,
     }

@@ -28,6 +28,49 @@ BACKENDS = (
 CALIBRATION_FILE = "calibration.json"
 
 
+@dataclass(frozen=True)
+class BackendReport:
+    """What ran a phase, as the build summary, ``doctor`` and ``--json`` show it. Every
+    engine reports through this one type, so the fields cannot drift apart."""
+
+    backend: str | None  # None: no model was loaded (every vector was reused)
+    device: str | None
+    dtype: str | None
+    reason: str
+    fallback_reason: str | None = None
+    actors: dict[str, Any] | None = None  # Ray: embed_actors, cpus_per_actor, gpus_per_actor
+
+    def as_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"backend": self.backend, "device": self.device,
+                                "dtype": self.dtype, "reason": self.reason}
+        if self.fallback_reason:
+            data["fallback_reason"] = self.fallback_reason
+        return data | (self.actors or {})
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> BackendReport:
+        return cls(data["backend"], data["device"], data["dtype"], data["reason"],
+                   data.get("fallback_reason"))
+
+    @classmethod
+    def unloaded(cls, reason: str) -> BackendReport:
+        return cls(None, None, None, reason)
+
+    @classmethod
+    def merged(cls, reports: list[BackendReport], actors: dict[str, Any]) -> BackendReport:
+        """One report for several workers (Ray actors): each field joins the distinct
+        values the workers gave, in sorted order."""
+        def join(values: list[str | None]) -> str | None:
+            present = sorted({value for value in values if value is not None})
+            return ", ".join(present) if present else None
+
+        fallbacks = join([r.fallback_reason for r in reports])
+        return cls(join([r.backend for r in reports]), join([r.device for r in reports]),
+                   join([r.dtype for r in reports]),
+                   f"chosen on each actor: {join([r.reason for r in reports])}",
+                   fallbacks, actors)
+
+
 @dataclass
 class Selection:
     phase: str
@@ -36,12 +79,12 @@ class Selection:
     backend: EmbeddingBackend
     fallback_reason: str | None = None
 
+    def report(self) -> BackendReport:
+        return BackendReport(self.name, self.backend.device, self.backend.dtype, self.reason,
+                             self.fallback_reason)
+
     def as_json(self) -> dict[str, Any]:
-        data = {"backend": self.name, "device": self.backend.device, "dtype": self.backend.dtype,
-                "reason": self.reason}
-        if self.fallback_reason:
-            data["fallback_reason"] = self.fallback_reason
-        return data
+        return self.report().as_json()
 
 
 def parse_overrides(values: list[str] | tuple[str, ...]) -> dict[str, str]:

@@ -18,7 +18,7 @@ from ssindex.abstain import Thresholds, calibrate, recalibrate
 from ssindex.backends.base import Encoder, EncodeStats
 from ssindex.backends.inventory import detect
 from ssindex.backends.model import ModelSpec
-from ssindex.backends.selector import Selection, select
+from ssindex.backends.selector import BackendReport, Selection, select
 from ssindex.config import BuildConfig, Quantization, settings_fingerprint_fields
 from ssindex.errors import IndexCorrupt
 from ssindex.lock import BuildLock
@@ -120,18 +120,19 @@ class LazyEncoder:
             self.encoder.stats = self.stats
         return self.encoder
 
-    def report(self) -> dict[str, Any]:
+    def report(self) -> BackendReport:
         self._settle()
         if self.selection is None:
-            return {"backend": None, "reason": "not loaded: every vector was reused"}
-        report = self.selection.as_json()
+            return BackendReport.unloaded("not loaded: every vector was reused")
+        report = self.selection.report()
         if self._phase == "embed_query" and not self._embedded:
-            report["reason"] = ("loaded for changed files, but every vector was reused "
-                                f"({report['reason']})")
+            reason = f"loaded for changed files, but every vector was reused ({report.reason})"
         elif self._phase == "embed_query":
-            report["reason"] = (f"incremental build with {self._embedded} chunks to embed: "
-                                f"the query backend starts faster ({report['reason']})")
-        return report
+            reason = (f"incremental build with {self._embedded} chunks to embed: "
+                      f"the query backend starts faster ({report.reason})")
+        else:
+            return report
+        return dataclasses.replace(report, reason=reason)
 
 
 def _previous(index: IndexDir, cfg: BuildConfig, model: ModelSpec,
@@ -322,7 +323,7 @@ def _search_files(index: IndexDir, version: int, encoder: LazyEncoder, model_key
     return files, calibrate(stats, vectors(data), data.column("id").to_pylist(), embed)
 
 
-def _stats(stats: RunStats, encode: EncodeStats | None, backend: dict[str, Any],
+def _stats(stats: RunStats, encode: EncodeStats | None, backend: BackendReport,
            model: ModelSpec, cfg: BuildConfig, write_seconds: float, writer: TableWriter,
            previous: PreviousIndex | None) -> dict[str, Any]:
     seconds = stats.clock.exclusive()
@@ -353,7 +354,7 @@ def _stats(stats: RunStats, encode: EncodeStats | None, backend: dict[str, Any],
         "rows_written": writer.rows_written,
         "rows_deleted": writer.rows_deleted,
         "stage_seconds": {stage: seconds.get(stage, 0.0) for stage in STAGES},
-        "backends": {"embed_bulk": backend},
+        "backends": {"embed_bulk": backend.as_json()},
         "model": model.model_id,
         "quantization": cfg.quantization,
         "vector_bytes_per_chunk": bytes_per_vector(cfg.quantization, model.dim),

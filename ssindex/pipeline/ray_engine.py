@@ -38,7 +38,7 @@ import xxhash
 from ssindex import errors
 from ssindex.backends.base import Encoder, EncodeStats
 from ssindex.backends.model import ModelSpec
-from ssindex.backends.selector import select
+from ssindex.backends.selector import BackendReport, select
 from ssindex.config import ChunkConfig, DedupeConfig, Quantization
 from ssindex.errors import EngineUnavailable, SsindexError
 from ssindex.pipeline.dag import BuildPlan, RayOptions
@@ -192,8 +192,8 @@ def _indexed(rows: pa.Table) -> list[IndexedChunk]:
 
 _ACTOR_COLUMNS = [("_embedded", pa.bool_()), ("_backend", pa.string()), ("_tokens", pa.int64()),
                   ("_padded_tokens", pa.int64()), ("_truncated", pa.int64())]
-"""Per row: freshly embedded or reused, the actor's backend; then the batch's encode
-counts, on its first row (zeros elsewhere, so column sums are exact)."""
+"""Per row: freshly embedded or reused, the actor's backend report (JSON); then the
+batch's encode counts, on its first row (zeros elsewhere, so column sums are exact)."""
 _EMBEDDED = pa.schema([*CHUNK_SCHEMA, *(pa.field(n, t) for n, t in _ACTOR_COLUMNS)])
 
 
@@ -205,6 +205,7 @@ class EmbedActor:
                  previous: tuple[str, int, Quantization] | None) -> None:
         spec = ModelSpec.resolve(model)
         self.selection = select("embed_bulk", spec, explicit)
+        self._report = json.dumps(self.selection.as_json())
         self.encoder = Encoder(self.selection.backend, spec, max_tokens, batch_tokens)
         self.model_key, self.quantization, self.dim = model_key, quantization, spec.dim
         self.previous = None
@@ -246,7 +247,7 @@ class EmbedActor:
         size = records.num_rows
         after = (counts.tokens, counts.padded_tokens, counts.truncated)
         extra = [[key not in reused for key in records["embed_key"].to_pylist()],
-                 [self.selection.name] * size,
+                 [self._report] * size,
                  *([now - then] + [0] * (size - 1)
                    for now, then in zip(after, before, strict=True))]
         for (name, kind), values in zip(_ACTOR_COLUMNS, extra, strict=True):
@@ -303,7 +304,7 @@ def ray_cluster(options: RayOptions) -> Iterator[Any]:
 
 def run_ray(plan: BuildPlan, stats: RunStats, progress: Progress, writer: TableWriter,
             previous: PreviousIndex | None, explicit: str | None, model: ModelSpec,
-            options: RayOptions) -> tuple[int, dict[str, Any], EncodeStats]:
+            options: RayOptions) -> tuple[int, BackendReport, EncodeStats]:
     """Run the build on Ray and commit it; returns the table version, a report of the
     backends the actors chose, and their encode counts."""
     with ray_cluster(options) as ray:
@@ -350,7 +351,7 @@ class _Run:
         return now
 
     def execute(self, writer: TableWriter, explicit: str | None,
-                ) -> tuple[int, dict[str, Any], EncodeStats]:
+                ) -> tuple[int, BackendReport, EncodeStats]:
         started = time.perf_counter()
         files, stored = self._walk()
         started = self._timed("walk", started)
@@ -372,17 +373,18 @@ class _Run:
                                    self.stats.row_ids)
         self._timed("write", started)
         actors, cpus, gpus = self._actors()
-        return version, {"engine": "ray", "embed_actors": actors, "cpus_per_actor": cpus,
-                         "gpus_per_actor": gpus, "backend": sorted(backends),
-                         "reason": "chosen on each actor"}, self.encode
+        report = BackendReport.merged(
+            [BackendReport.from_json(json.loads(chosen)) for chosen in sorted(backends)],
+            {"embed_actors": actors, "cpus_per_actor": cpus, "gpus_per_actor": gpus})
+        return version, report, self.encode
 
     def _write_nothing(self, writer: TableWriter, started: float, reason: str,
-                       ) -> tuple[int, dict[str, Any], EncodeStats]:
+                       ) -> tuple[int, BackendReport, EncodeStats]:
         """Commit no new rows (deleting those of removed files) without starting actors."""
         version = writer.write(iter(()), self.previous.digests if self.previous else {},
                                self.stats.row_ids)
         self._timed("write", started)
-        return version, {"engine": "ray", "backend": [], "reason": reason}, self.encode
+        return version, BackendReport.unloaded(reason), self.encode
 
     def _walk(self) -> tuple[list[pa.Table], list[dict[str, Any]]]:
         """Blocks of changed files to send out; unchanged files' stored rows stay here."""
