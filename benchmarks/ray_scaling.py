@@ -28,10 +28,11 @@ from _corpus import copy_stdlib, report
 
 from ssindex import build
 from ssindex.config import DedupeConfig
-from ssindex.pipeline.dag import RayOptions
-from ssindex.pipeline.ray_engine import dedupe_keys
+from ssindex.index.layout import IndexDir
+from ssindex.index.table import scan
+from ssindex.pipeline.engines.ray_tasks import dedupe_keys
+from ssindex.pipeline.plan import RayOptions
 from ssindex.stages.dedupe import rows_per_band
-from ssindex.store import IndexDir, scan
 
 _STAGES = {"chunk_block": "chunk", "dedupe": "dedupe", "EmbedActor": "embed",
            "copy_exemplar": "copy", "write_fragments": "write"}

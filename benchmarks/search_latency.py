@@ -29,10 +29,11 @@ import pyarrow.compute as pc
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _corpus import report
 
-import ssindex.search
-from ssindex.search import Searcher
-from ssindex.snapshot import SEARCH_FILES_VERSION, write_search_files
-from ssindex.store import CHUNK_SCHEMA, IndexDir, scan
+from ssindex.index.layout import CHUNK_SCHEMA, IndexDir
+from ssindex.index.search_files import SEARCH_FILES_VERSION, write_search_files
+from ssindex.index.table import scan
+from ssindex.query import dense
+from ssindex.query.searcher import Searcher
 
 QUERIES = ["parse a json document", "read a file line by line", "open a network socket",
            "sort a list of dictionaries by key", "format a date as a string",
@@ -93,11 +94,11 @@ def main() -> None:
             result[f"warm_{mode}_ms_p50"] = round(statistics.median(times), 2)
             result[f"warm_{mode}_ms_p95"] = round(statistics.quantiles(times, n=20)[-1], 2)
         plain = Searcher(index, backend="onnx-cpu").warm()
-        exact_below, ssindex.search.PREFILTER_ROWS = ssindex.search.PREFILTER_ROWS, rows + 1
+        exact_below, dense.PREFILTER_ROWS = dense.PREFILTER_ROWS, rows + 1
         try:
             baseline = statistics.median(_timed(plain, "hybrid", args.repeats))
         finally:
-            ssindex.search.PREFILTER_ROWS = exact_below
+            dense.PREFILTER_ROWS = exact_below
         result["baseline_hybrid_ms_p50"] = round(baseline, 2)
         hybrid = statistics.median(_timed(searcher, "hybrid", args.repeats))
         result["hybrid_ms_p50_after_baseline"] = round(hybrid, 2)

@@ -29,7 +29,7 @@ def __getattr__(name: str) -> Any:
 
         return build
     if name in ("Searcher", "SearchResponse"):
-        from ssindex import search
+        from ssindex.query import searcher
 
-        return getattr(search, name)
+        return getattr(searcher, name)
     raise AttributeError(f"module 'ssindex' has no attribute {name!r}")

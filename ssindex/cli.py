@@ -39,8 +39,8 @@ def _emit(data: dict[str, Any]) -> None:
 
 def _index_for(index: str | None, fallback_root: Path = Path(".")) -> Path:
     """The local index to read: ``--index`` (a remote one pulled first), else the default."""
-    from ssindex.remote import resolve_index
-    from ssindex.store import default_index_path
+    from ssindex.index.layout import default_index_path
+    from ssindex.index.remote import resolve_index
 
     return resolve_index(index) if index is not None else default_index_path(fallback_root)
 
@@ -89,11 +89,11 @@ def build(
     """Index PATH (default index dir: PATH/.ssindex)."""
     from dataclasses import replace
 
-    from ssindex.backends.selector import parse_overrides
+    from ssindex.backends.names import parse_overrides
     from ssindex.config import QUANTIZATIONS, load_config
     from ssindex.pipeline.build import build as run_build
-    from ssindex.pipeline.dag import RayOptions
-    from ssindex.report import PlainProgress, RichProgress, summary_table
+    from ssindex.pipeline.plan import RayOptions
+    from ssindex.tools.report import PlainProgress, RichProgress, summary_table
 
     cfg = load_config(config)
     if quantize is not None:
@@ -145,8 +145,8 @@ def search(
     as_json: JsonOpt = False,
 ) -> None:
     """Search an index."""
-    from ssindex.backends.selector import parse_overrides
-    from ssindex.search import Searcher
+    from ssindex.backends.names import parse_overrides
+    from ssindex.query.searcher import Searcher
 
     overrides = parse_overrides(backend or [])
     searcher = Searcher(_index_for(index), overrides.get("embed_query"))
@@ -177,7 +177,7 @@ def snippet(text: str, lines: int = 6, width: int = 200) -> str:
 @app.command()
 def status(index: IndexOpt = None, as_json: JsonOpt = False) -> None:
     """What an index holds and how it was built."""
-    from ssindex.store import status_data
+    from ssindex.index.layout import status_data
 
     data = status_data(_index_for(index))
     if as_json:
@@ -190,8 +190,8 @@ def status(index: IndexOpt = None, as_json: JsonOpt = False) -> None:
 @app.command()
 def serve(index: IndexOpt = None, backend: BackendOpt = None) -> None:
     """Serve an index to coding agents: an MCP server over stdio (needs ssindex[serve])."""
-    from ssindex.backends.selector import parse_overrides
-    from ssindex.serve import serve as run_server
+    from ssindex.backends.names import parse_overrides
+    from ssindex.tools.serve import serve as run_server
 
     run_server(_index_for(index), parse_overrides(backend or []).get("embed_query"))
 
@@ -212,7 +212,7 @@ def evaluate(
     from dataclasses import replace
 
     from ssindex.config import QUANTIZATIONS, SEARCH_MODES, BuildConfig
-    from ssindex.evaluate import evaluate as run_eval
+    from ssindex.tools.evaluate import evaluate as run_eval
 
     cfg = BuildConfig()
     if quantize is not None:
@@ -244,7 +244,7 @@ def evaluate(
 @app.command()
 def calibrate(as_json: JsonOpt = False) -> None:
     """Time each runnable backend per phase here; store the winners in the user config."""
-    from ssindex.calibrate import calibrate as run_calibration
+    from ssindex.tools.calibrate import calibrate as run_calibration
 
     record = run_calibration()
     if as_json:
@@ -261,13 +261,13 @@ def calibrate(as_json: JsonOpt = False) -> None:
 @app.command()
 def doctor(as_json: JsonOpt = False) -> None:
     """Hardware, runtimes, and the backend chosen for each phase (probed)."""
-    from ssindex.doctor import diagnose
+    from ssindex.tools.doctor import diagnose
 
     report = diagnose()
     if as_json:
         _emit(report)
         return
-    from ssindex.report import doctor_table
+    from ssindex.tools.report import doctor_table
 
     Console().print(doctor_table(report))
 

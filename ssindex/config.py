@@ -6,17 +6,15 @@ config file names that ssindex does not know is an error, never ignored.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from ssindex.codec import QUANTIZATIONS, Quantization
 from ssindex.errors import ConfigError
 
-Quantization = Literal["int8", "int4", "none"]
-QUANTIZATIONS: tuple[str, ...] = ("int8", "int4", "none")
 SearchMode = Literal["hybrid", "lexical", "semantic"]
 SEARCH_MODES: tuple[str, ...] = ("hybrid", "lexical", "semantic")
 
@@ -132,7 +130,7 @@ def config_from_mapping(data: dict[str, Any]) -> BuildConfig:
     if not isinstance(backends, dict) or not all(isinstance(v, str) for v in backends.values()):
         raise ConfigError('[backends] must be a table of phase = "backend"')
     if backends:  # phase and backend names live with the backends
-        from ssindex.backends.selector import parse_overrides
+        from ssindex.backends.names import parse_overrides
 
         backends = parse_overrides([f"{phase}={name}" for phase, name in backends.items()])
     return BuildConfig(
@@ -153,15 +151,3 @@ def load_config(path: Path | None) -> BuildConfig:
     return config_from_mapping(data)
 
 
-def settings_fingerprint_fields(cfg: BuildConfig) -> dict[str, Any]:
-    """The settings whose change invalidates chunks or vectors in an index."""
-    from ssindex.lexical import ANALYZER_VERSION
-    from ssindex.stages.chunk import CHUNKER_VERSION
-
-    return {
-        "code": (CHUNKER_VERSION, ANALYZER_VERSION),
-        "chunk": dataclasses.asdict(cfg.chunk),
-        "dedupe": dataclasses.asdict(cfg.dedupe),
-        "max_tokens": cfg.embed.max_tokens,
-        "quantization": cfg.quantization,
-    }

@@ -12,14 +12,15 @@ import pytest
 from ssindex.backends.base import Encoder
 from ssindex.backends.inventory import Inventory, detect
 from ssindex.backends.model import ModelSpec
-from ssindex.backends.selector import PHASES, candidates, create, parse_overrides, select
-from ssindex.calibrate import runnable_backends
+from ssindex.backends.names import PHASES, parse_overrides
+from ssindex.backends.selector import candidates, create, select
 from ssindex.config import ChunkConfig
 from ssindex.errors import BackendUnavailable, ConfigError
-from ssindex.rows import SourceFile
+from ssindex.records import SourceFile
 from ssindex.stages.chunk import chunk_file
 from ssindex.stages.embed import embedding_text
 from ssindex.stages.walk import content_hash
+from ssindex.tools.calibrate import runnable_backends
 
 from .conftest import STDLIB, cli_json, run_cli, run_tty
 

@@ -6,10 +6,10 @@ import random
 import pytest
 
 from ssindex.config import ChunkConfig
-from ssindex.languages import detect_language
-from ssindex.rows import SourceFile
+from ssindex.records import SourceFile
 from ssindex.stages.chunk import chunk_file
 from ssindex.stages.walk import content_hash
+from ssindex.text.languages import detect_language
 
 from .conftest import STDLIB
 

@@ -7,7 +7,7 @@ import pyarrow as pa
 import pytest
 
 from ssindex.config import ChunkConfig, DedupeConfig, WalkConfig
-from ssindex.rows import Chunk, IndexedChunk, SourceFile
+from ssindex.records import Chunk, IndexedChunk, SourceFile
 from ssindex.stages.chunk import chunk_file, chunk_id, normalized_hash
 from ssindex.stages.dedupe import (
     DedupeStats,
@@ -38,7 +38,7 @@ def _verdicts(chunks: list[Chunk], **cfg: object) -> tuple[list[str | None], Ded
 
 
 class _Stored:
-    """A previous index's rows in memory (``ssindex.rows.StoredChunks``)."""
+    """A previous index's rows in memory (``ssindex.records.StoredChunks``)."""
 
     def __init__(self, chunks: pa.Table, source: list[Chunk]) -> None:
         self.chunks = chunks

@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ssindex.store import IndexDir, scan
+from ssindex.index.layout import IndexDir
+from ssindex.index.table import scan
 
 from .conftest import CLI, STDLIB, cli_json, run_cli
 
@@ -212,7 +213,7 @@ def test_ctrl_c_stops_a_clean_build_cleanly(tmp_path: Path) -> None:
 
 READER = """
 import sys, json
-from ssindex.search import Searcher
+from ssindex.query.searcher import Searcher
 index, rounds = sys.argv[1], int(sys.argv[2])
 errors, seen = 0, set()
 for _ in range(rounds):
@@ -276,7 +277,7 @@ def test_many_small_rebuilds_keep_the_table_compact(tmp_path: Path) -> None:
     ``MAX_FRAGMENTS``, then runs: a CI job rebuilding every hour must not grow the table
     by a fragment per build."""
     from ssindex import Searcher, build
-    from ssindex.store import MAX_FRAGMENTS
+    from ssindex.index.table import MAX_FRAGMENTS
 
     root = tmp_path / "tree"
     root.mkdir()

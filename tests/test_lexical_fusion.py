@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from ssindex.fusion import (
+from ssindex.query.fusion import (
     LEXICAL_WEIGHT_IDENTIFIER,
     LEXICAL_WEIGHT_NATURAL,
     Hit,
@@ -9,7 +9,7 @@ from ssindex.fusion import (
     lexical_weight,
     reciprocal_rank_fusion,
 )
-from ssindex.lexical import analyze, terms
+from ssindex.text.lexical import analyze, terms
 
 
 def test_identifiers_are_split_and_kept_whole() -> None:
@@ -42,7 +42,7 @@ def test_degenerate_leg_falls_back_to_rrf() -> None:
 
 
 def test_lone_identifier_queries_ask_for_the_exact_symbol() -> None:
-    from ssindex.lexical import exact_symbol_term, query_terms
+    from ssindex.text.lexical import exact_symbol_term, query_terms
 
     assert exact_symbol_term("Parser.__init__") == "sym:__init__"
     assert query_terms("_converter").endswith("sym:_converter")

@@ -10,16 +10,16 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ssindex.abstain import (
+from ssindex.errors import ConfigError
+from ssindex.index.abstention import (
     CALIBRATION_QUERIES,
     TermStats,
     calibrate,
     nonsense_queries,
     recalibrate,
 )
-from ssindex.errors import ConfigError
-from ssindex.evaluate import Dataset, evaluate, metrics
-from ssindex.search import Searcher
+from ssindex.query.searcher import Searcher
+from ssindex.tools.evaluate import Dataset, evaluate, metrics
 
 from .conftest import STDLIB, cli_json, run_cli
 

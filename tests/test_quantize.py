@@ -3,7 +3,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ssindex.stages.quantize import (
+from ssindex.codec import (
     bytes_per_vector,
     dequantize_matrix,
     positive_mask,

@@ -15,11 +15,13 @@ from typing import Any
 import numpy as np
 import pytest
 
+from ssindex.codec import dequantize_matrix
+from ssindex.index.layout import IndexDir
+from ssindex.index.table import scan
 from ssindex.pipeline.build import build
-from ssindex.pipeline.dag import RayOptions
-from ssindex.search import Searcher
-from ssindex.stages.quantize import dequantize_matrix
-from ssindex.store import IndexDir, binary_matrix, scan
+from ssindex.pipeline.plan import RayOptions
+from ssindex.query.searcher import Searcher
+from ssindex.util.arrays import binary_matrix
 
 from .conftest import STDLIB, copy_stdlib, run_cli, run_tty
 

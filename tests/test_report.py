@@ -5,7 +5,7 @@ import io
 from rich.console import Console
 
 from ssindex.cli import snippet
-from ssindex.report import PlainProgress, RichProgress, doctor_table, summary_table
+from ssindex.tools.report import PlainProgress, RichProgress, doctor_table, summary_table
 
 
 def test_rich_progress_shows_every_stage_on_a_terminal() -> None:

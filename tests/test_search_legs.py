@@ -15,10 +15,13 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from ssindex import build, search
-from ssindex.bm25 import K1, B, Postings, SortedTerms
-from ssindex.lexical import analyze
-from ssindex.store import IndexDir, scan
+from ssindex import build
+from ssindex.index.layout import IndexDir
+from ssindex.index.postings import K1, B, Postings, SortedTerms
+from ssindex.index.table import scan
+from ssindex.query import dense
+from ssindex.query import searcher as search
+from ssindex.text.lexical import analyze
 
 from .conftest import STDLIB, copy_stdlib
 
@@ -70,8 +73,8 @@ def test_sign_bit_shortlist_keeps_the_exact_top_hits(
                "base64 encode a message body"]
     exact = search.Searcher(root / ".ssindex")
     expected = {q: [h.row_id for h in exact.semantic(q, 10)] for q in queries}
-    monkeypatch.setattr(search, "PREFILTER_ROWS", 100)
-    monkeypatch.setattr(search, "SHORTLIST", 300)
+    monkeypatch.setattr(dense, "PREFILTER_ROWS", 100)
+    monkeypatch.setattr(dense, "SHORTLIST", 300)
     shortlisted = search.Searcher(root / ".ssindex")
     overlap = []
     for query in queries:
@@ -141,7 +144,7 @@ def test_a_search_process_imports_no_build_machinery(
     pyarrow.compute (each 0.1 s to seconds), only the search files and the query model.
     (The first search on a machine may export the ONNX query model with torch, once.)"""
     root, _ = stdlib_index
-    probe = ("import sys\nfrom ssindex.search import Searcher\n"
+    probe = ("import sys\nfrom ssindex.query.searcher import Searcher\n"
              f"response = Searcher({str(root / '.ssindex')!r}).search('decode json', k=3)\n"
              "assert response.results, response\n"
              "print(sorted(m for m in ('lancedb', 'lance', 'torch', 'pandas', 'pyarrow.compute',"
@@ -159,13 +162,13 @@ def test_shortlist_ranks_the_farthest_sign_patterns_last(
     root, _ = stdlib_index
     searcher = search.Searcher(root / ".ssindex")
     vector = searcher.embed_query("decode json from a string")
-    searcher._shortlist(vector)  # builds the sign words of every row
-    query = search._sign_words(vector[None, :] > 0)[0]
-    signs = np.random.default_rng(0).integers(0, 2**63, size=searcher._signs.shape,
+    searcher.dense.shortlist(vector)  # builds the sign words of every row
+    query = dense.sign_words(vector[None, :] > 0)[0]
+    signs = np.random.default_rng(0).integers(0, 2**63, size=searcher.dense._signs.shape,
                                               dtype=np.int64).astype(np.uint64)
     signs[:, 0] = ~query  # every sign opposite: distance 384
     signs[:, 1] = query  # every sign equal: distance 0
-    monkeypatch.setattr(searcher, "_signs", signs)
-    monkeypatch.setattr(search, "SHORTLIST", 100)
-    shortlist = searcher._shortlist(vector)
+    monkeypatch.setattr(searcher.dense, "_signs", signs)
+    monkeypatch.setattr(dense, "SHORTLIST", 100)
+    shortlist = searcher.dense.shortlist(vector)
     assert 1 in shortlist and 0 not in shortlist and 100 <= len(shortlist) < 200

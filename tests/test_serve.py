@@ -145,7 +145,7 @@ def test_serve_without_index_fails_cleanly(tmp_path: Path) -> None:
 
 def test_reopens_after_a_rebuild(tmp_path: Path) -> None:
     """A long-lived server follows HEAD: a rebuild's new version is served on the next call."""
-    from ssindex.serve import WarmSearcher
+    from ssindex.tools.serve import WarmSearcher
 
     for name, text in FILES.items():
         (tmp_path / name).write_text(text, encoding="utf-8")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from ssindex.store import IndexDir
+from ssindex.index.layout import IndexDir
 
 
 def test_old_versions_manifests_are_pruned_but_pinned_and_recent_ones_kept(

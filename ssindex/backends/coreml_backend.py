@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from ssindex.backends.cache import cache_dir
 from ssindex.backends.model import ModelSpec
 from ssindex.errors import BackendUnavailable
+from ssindex.util.dirs import cache_dir
 
 SEQ_BUCKETS = (32, 64, 128, 256)
 """Enumerated input lengths: Core ML compiles one specialization per bucket."""

@@ -17,8 +17,8 @@ from typing import Any
 
 import xxhash
 
-from ssindex.backends.cache import cache_dir
 from ssindex.errors import ConfigError
+from ssindex.util.dirs import cache_dir
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -76,7 +76,7 @@ class ModelSpec:
             digest.update(file.name.encode())
             digest.update(file.read_bytes())
         with contextlib.suppress(OSError):  # a read-only cache only costs the hashing
-            from ssindex.store import atomic_write_bytes
+            from ssindex.util.fsio import atomic_write_bytes
 
             remembered.parent.mkdir(parents=True, exist_ok=True)
             atomic_write_bytes(remembered, digest.hexdigest().encode("ascii"))

@@ -32,9 +32,9 @@ from typing import Any
 
 import numpy as np
 
-from ssindex.backends.cache import cache_dir
 from ssindex.backends.model import ModelSpec
 from ssindex.errors import BackendUnavailable
+from ssindex.util.dirs import cache_dir
 
 OPSET = 17
 EXPORT_VERSION = 2  # 2: attention exported eagerly and fused

@@ -1,1 +1,2 @@
-"""The build DAG: stage specs, the engines that run them, and the build driver."""
+"""The build: one plan of it (``plan``), the engines that run the plan, and the driver
+(``build``) that locks the index, runs an engine and commits the result."""

@@ -12,9 +12,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ssindex.codec import stored_vectors
 from ssindex.config import WalkConfig
-from ssindex.rows import Chunk, IndexedChunk, SourceFile, Stamp
-from ssindex.store import Head, IndexDir, stored_vectors
+from ssindex.index.layout import Head, IndexDir
+from ssindex.records import Chunk, IndexedChunk, SourceFile, Stamp
 
 _CHUNK_FIELDS = tuple(f.name for f in dataclasses.fields(Chunk))
 

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import xxhash
 
-from ssindex.store import atomic_write_bytes
+from ssindex.util.fsio import atomic_write_bytes
 
 
 class Staging:

@@ -36,8 +36,8 @@ from typing import Any
 import xxhash
 
 from ssindex.config import ChunkConfig
-from ssindex.languages import AST_LANGUAGES
-from ssindex.rows import Chunk, IndexedChunk, SourceFile
+from ssindex.records import Chunk, IndexedChunk, SourceFile
+from ssindex.text.languages import AST_LANGUAGES
 
 CHUNKER_VERSION = 2
 """Bumped whenever chunk boundaries or names change: part of the settings fingerprint."""

@@ -44,8 +44,8 @@ import xxhash
 from datasketch import MinHash
 
 from ssindex.config import DedupeConfig
-from ssindex.rows import IndexedChunk, StoredChunks
-from ssindex.store import binary_matrix
+from ssindex.records import IndexedChunk, StoredChunks
+from ssindex.util.arrays import binary_matrix
 
 _WORD = re.compile(r"\w+")
 _MIX = np.array([0x9E3779B97F4A7C15 * (i + 1) % 2**64 for i in range(64)], dtype=np.uint64)

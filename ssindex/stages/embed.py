@@ -24,7 +24,7 @@ from typing import Protocol
 import numpy as np
 import xxhash
 
-from ssindex.rows import Chunk, IndexedChunk
+from ssindex.records import Chunk, IndexedChunk
 
 
 class TextEncoder(Protocol):

@@ -14,84 +14,9 @@ from collections.abc import Iterable, Iterator
 
 import numpy as np
 
+from ssindex.codec import quantize_matrix
 from ssindex.config import Quantization
-from ssindex.rows import IndexedChunk
-
-_LEVELS = {"int8": 127, "int4": 7}
-
-
-def bytes_per_vector(method: Quantization, dim: int) -> int:
-    """Stored bytes of one vector: codes plus a float32 scale."""
-    codes = {"int8": dim, "int4": (dim + 1) // 2, "none": 4 * dim}[method]
-    return codes + (0 if method == "none" else 4)
-
-
-def quantize_matrix(vectors: np.ndarray, method: Quantization) -> tuple[np.ndarray, np.ndarray]:
-    """(codes as uint8 rows, float32 scales) for a float32 matrix."""
-    vectors = np.ascontiguousarray(vectors, dtype=np.float32)
-    if method == "none":
-        return vectors.view(np.uint8).reshape(len(vectors), -1), np.ones(len(vectors), np.float32)
-    levels = _LEVELS[method]
-    scales = np.abs(vectors).max(axis=1) / levels
-    scales = np.where(scales > 0, scales, 1.0).astype(np.float32)
-    codes = np.clip(np.rint(vectors / scales[:, None]), -levels, levels).astype(np.int8)
-    if method == "int8":
-        return codes.view(np.uint8), scales
-    if codes.shape[1] % 2:
-        codes = np.pad(codes, ((0, 0), (0, 1)))
-    nibbles = (codes + 8).astype(np.uint8)
-    return (nibbles[:, 0::2] << 4) | nibbles[:, 1::2], scales
-
-
-def dequantize_matrix(
-    codes: np.ndarray, scales: np.ndarray, method: Quantization, dim: int
-) -> np.ndarray:
-    """float32 vectors back from stored codes (uint8 rows)."""
-    if method == "none":
-        return _unscaled(codes, method, dim)
-    return np.multiply(_unscaled(codes, method, dim), scales[:, None], dtype=np.float32)
-
-
-def stored_scores(codes: np.ndarray, scales: np.ndarray, method: Quantization, dim: int,
-                  vector: np.ndarray) -> np.ndarray:
-    """Dot products of the stored vectors with ``vector``: the codes' products, scaled
-    after (one multiply per row, not one per component: half the decoding work)."""
-    products = row_dots(_unscaled(codes, method, dim), vector)
-    return products if method == "none" else products * scales
-
-
-def row_dots(matrix: np.ndarray, vector: np.ndarray) -> np.ndarray:
-    """float32 ``matrix @ vector`` (int8 rows converted as they are read).
-
-    ``einsum``, not ``@``: numpy's OpenBLAS computes a matrix-vector product with its
-    own threads, which keep spinning after it returns and take a core from the query
-    encoder of the next search (hybrid searches at 100k rows: 13.6 → 11.3 ms; query
-    embedding and exact scoring of 6.5k rows: 10.5 → 7.3 ms)."""
-    return np.einsum("ij,j->i", matrix, vector, dtype=np.float32, casting="unsafe")
-
-
-def _unscaled(codes: np.ndarray, method: Quantization, dim: int) -> np.ndarray:
-    """The codes as numbers (int8 or float32 rows), before their scales."""
-    if method == "none":
-        return np.ascontiguousarray(codes).view(np.float32).reshape(len(codes), dim)
-    if method == "int8":
-        return codes.view(np.int8)
-    values = np.empty((len(codes), codes.shape[1] * 2), np.float32)
-    values[:, 0::2] = (codes >> 4).astype(np.int8) - 8
-    values[:, 1::2] = (codes & 0x0F).astype(np.int8) - 8
-    return values[:, :dim]
-
-
-def positive_mask(codes: np.ndarray, method: Quantization, dim: int) -> np.ndarray:
-    """Which components of each stored vector are positive, read from the codes alone
-    (scales are positive, so a code's sign is its value's)."""
-    if method == "none":
-        return np.ascontiguousarray(codes).view(np.float32).reshape(len(codes), dim) > 0
-    if method == "int8":
-        return codes.view(np.int8) > 0
-    positive = np.empty((len(codes), codes.shape[1] * 2), bool)
-    positive[:, 0::2], positive[:, 1::2] = (codes >> 4) > 8, (codes & 0x0F) > 8
-    return positive[:, :dim]
+from ssindex.records import IndexedChunk
 
 
 def quantize(

@@ -20,8 +20,8 @@ import xxhash
 
 from ssindex.config import WalkConfig
 from ssindex.errors import ConfigError
-from ssindex.languages import detect_language
-from ssindex.rows import SourceFile, Stamp
+from ssindex.records import SourceFile, Stamp
+from ssindex.text.languages import detect_language
 
 DENIED_DIRS: frozenset[str] = frozenset({
     ".git", ".hg", ".svn", ".ssindex", "node_modules", "bower_components", "__pycache__",

@@ -14,43 +14,27 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import pyarrow as pa
 
-from ssindex.pipeline.dag import BuildPlan
+from ssindex.pipeline.engines.common import RunStats, manifest_entry
+from ssindex.pipeline.plan import BuildPlan
 from ssindex.pipeline.progress import Progress
-from ssindex.pipeline.rows import to_record_batch
-from ssindex.pipeline.timing import StageClock
-from ssindex.rows import IndexedChunk, SourceFile, StoredChunks
-from ssindex.stages.chunk import ChunkStats, chunk
-from ssindex.stages.dedupe import Changes, DedupeStats, dedupe, dedupe_changes
-from ssindex.stages.embed import EmbedStats, embed
+from ssindex.records import IndexedChunk, SourceFile, StoredChunks
+from ssindex.stages.chunk import chunk
+from ssindex.stages.dedupe import Changes, dedupe, dedupe_changes
+from ssindex.stages.embed import embed
 from ssindex.stages.quantize import quantize
-from ssindex.stages.walk import WalkStats, reread, walk
+from ssindex.stages.walk import reread, walk
+from ssindex.stages.write import to_record_batch
 
 T = TypeVar("T")
 _DONE = object()
 
 
-@dataclass
-class RunStats:
-    walk: WalkStats = field(default_factory=WalkStats)
-    chunk: ChunkStats = field(default_factory=ChunkStats)
-    dedupe: DedupeStats = field(default_factory=DedupeStats)
-    embed: EmbedStats = field(default_factory=EmbedStats)
-    clock: StageClock = field(default_factory=StageClock)
-    manifest: list[dict[str, Any]] = field(default_factory=list)
-    row_ids: set[str] = field(default_factory=set)
-    """Every chunk id of the new index, written or unchanged."""
 
 
-def manifest_entry(source: SourceFile, chunk_ids: list[str]) -> dict[str, Any]:
-    """A file's row of the build manifest (``store.MANIFEST_SCHEMA``)."""
-    return {"path": source.path, "size": source.size, "mtime_ns": source.mtime_ns,
-            "content_hash": source.content_hash, "chunk_ids": chunk_ids,
-            "ctime_ns": source.ctime_ns, "inode": source.inode}
 
 
 def _chunk_ids(manifest: list[dict[str, Any]]) -> list[str]:

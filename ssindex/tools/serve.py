@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from ssindex.errors import ConfigError, SsindexError
-from ssindex.search import Searcher
-from ssindex.store import HEAD, status_data
+from ssindex.index.layout import HEAD, status_data
+from ssindex.query.searcher import Searcher
 
 INSTRUCTIONS = (
     "Code search over one indexed repository. `search` returns ranked chunks "

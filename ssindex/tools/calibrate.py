@@ -21,12 +21,12 @@ from typing import Any
 import numpy as np
 
 from ssindex.backends.base import Encoder
-from ssindex.backends.cache import config_dir
 from ssindex.backends.inventory import Inventory, detect
 from ssindex.backends.model import ModelSpec
 from ssindex.backends.selector import CALIBRATION_FILE, create, machine_key, probe
 from ssindex.config import ChunkConfig
-from ssindex.store import atomic_write_bytes
+from ssindex.util.dirs import config_dir
+from ssindex.util.fsio import atomic_write_bytes
 
 BULK_CHUNKS = 48
 QUERY_REPEATS = 25
@@ -34,7 +34,7 @@ SCAN_BYTES = 32 << 20  # more than a 100k-chunk search reads (sign bits, shortli
 
 
 def _sample_chunks() -> list[str]:
-    from ssindex.rows import SourceFile
+    from ssindex.records import SourceFile
     from ssindex.stages.chunk import chunk_file
     from ssindex.stages.embed import embedding_text
 

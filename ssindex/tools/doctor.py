@@ -6,7 +6,8 @@ from typing import Any
 
 from ssindex.backends.inventory import detect
 from ssindex.backends.model import ModelSpec
-from ssindex.backends.selector import PHASES, load_calibration, select
+from ssindex.backends.names import PHASES
+from ssindex.backends.selector import load_calibration, select
 
 
 def diagnose(model: str | None = None) -> dict[str, Any]:

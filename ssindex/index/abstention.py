@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from ssindex.lexical import query_terms
+from ssindex.text.lexical import query_terms
 
 CALIBRATION_QUERIES = 200
 _ONSETS = ["b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "gl",

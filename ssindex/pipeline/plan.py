@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from ssindex.config import BuildConfig
-from ssindex.rows import StoredChunks
+from ssindex.records import StoredChunks
 from ssindex.stages.embed import TextEncoder
 
 STAGES: tuple[str, ...] = ("walk", "chunk", "dedupe", "embed", "quantize", "write")

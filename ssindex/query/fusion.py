@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ssindex.lexical import names_identifier
+from ssindex.text.lexical import names_identifier
 
 RRF_K = 60
 LEXICAL_WEIGHT_NATURAL = 0.15

@@ -24,9 +24,10 @@ from pathlib import Path
 
 import xxhash
 
-from ssindex.backends.cache import cache_dir
 from ssindex.errors import ConfigError, IndexNotFound
-from ssindex.store import HEAD, atomic_write_bytes
+from ssindex.index.layout import HEAD
+from ssindex.util.dirs import cache_dir
+from ssindex.util.fsio import atomic_write_bytes
 
 _SCHEMES = ("s3", "gs", "gcs", "abfs", "abfss", "az", "hdfs")
 _LOCAL_ONLY = ("lock", "staging/")

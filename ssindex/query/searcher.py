@@ -1,17 +1,10 @@
 """Search an index: lexical (BM25 over identifier-aware terms), semantic, hybrid.
 
 A ``Searcher`` pins the version ``HEAD.json`` names when it opens, memory-maps
-its search files (``ssindex.snapshot``), loads the build's BM25 postings, and
-keeps its query backend warm, so repeated searches pay only for the query.
-
-The dense leg scans exactly below ``PREFILTER_ROWS`` chunks. Above, the scan is
-memory-bound (150 MB of float32 at 100k chunks: ~13 ms on 2 cores), so one sign
-bit per dimension picks a shortlist of ``SHORTLIST`` chunks by Hamming distance
-(~1–2 ms; the bits are read from the stored codes), and only the shortlist is
-scored exactly. On 200 CoSQA queries against the standard library's 62k chunks
-the shortlist held 99.8% of the exact top 10 and 97.8% of the top 100 (1,000
-rows would hold 99.5% and 93.9%). A hybrid search runs its lexical leg on a
-second thread while this thread scans.
+its search files (``ssindex.index.search_files``), loads the build's BM25 postings, and
+keeps its query backend warm, so repeated searches pay only for the query. The dense
+leg is ``ssindex.query.dense``; a hybrid search runs its lexical leg on a second
+thread while this thread scans.
 """
 
 from __future__ import annotations
@@ -25,25 +18,23 @@ from typing import Any
 
 import numpy as np
 
-from ssindex.abstain import TermStats, Thresholds
 from ssindex.backends.base import Encoder
 from ssindex.backends.inventory import detect
 from ssindex.backends.model import ModelSpec
 from ssindex.backends.selector import Selection, select
-from ssindex.bm25 import NAME_WEIGHT_IDENTIFIER, NAME_WEIGHT_NATURAL, Postings
 from ssindex.config import SEARCH_MODES
 from ssindex.errors import ConfigError, IndexCorrupt
-from ssindex.fusion import Hit, Ranking, fuse, lexical_weight
-from ssindex.lexical import names_identifier, query_terms
-from ssindex.remote import resolve_index
-from ssindex.snapshot import SEARCH_FILES_VERSION
-from ssindex.stages.quantize import positive_mask, row_dots, stored_scores
-from ssindex.store import IndexDir, binary_matrix, numeric_view, stored_vectors
+from ssindex.index.abstention import TermStats, Thresholds
+from ssindex.index.layout import IndexDir
+from ssindex.index.postings import NAME_WEIGHT_IDENTIFIER, NAME_WEIGHT_NATURAL, Postings
+from ssindex.index.remote import resolve_index
+from ssindex.index.search_files import SEARCH_FILES_VERSION
+from ssindex.query.dense import DenseLeg
+from ssindex.query.fusion import Hit, Ranking, fuse, lexical_weight
+from ssindex.text.lexical import names_identifier, query_terms
 
 CANDIDATES = 100
 """Depth of each leg's ranking before fusion."""
-PREFILTER_ROWS = 20_000
-SHORTLIST = 2_000
 _META = ["path", "start_line", "end_line", "language", "symbol", "kind"]
 _NOTHING = Ranking(np.zeros(0, np.int64), np.zeros(0, np.float64))
 
@@ -68,7 +59,7 @@ class SearchResponse:
 
 class Searcher:
     """Queries one committed version of an index, through its search files
-    (``ssindex.snapshot``); a ``Hit``'s ``row_id`` is the row's position in them."""
+    (``ssindex.index.search_files``); a ``Hit``'s ``row_id`` is the row's position in them."""
 
     def __init__(self, index_path: str | os.PathLike[str], backend: str | None = None) -> None:
         self.index = IndexDir(resolve_index(index_path))
@@ -82,11 +73,10 @@ class Searcher:
         self._backend_choice = backend
         self._selection: Selection | None = None
         self._encoder: Encoder | None = None
-        self._matrix: np.ndarray | None = None
-        self._stored: tuple[np.ndarray, np.ndarray] | None = None
+        self.dense = DenseLeg(self.rows, self.head.quantization,  # type: ignore[arg-type]
+                              self.head.dim)
         self._terms: TermStats | None = None
         self._postings: Postings | None = None
-        self._signs: np.ndarray | None = None
 
     # -- the legs -------------------------------------------------------------------------
     def lexical(self, query: str, limit: int = CANDIDATES) -> list[Hit]:
@@ -95,7 +85,7 @@ class Searcher:
     def semantic(self, query: str, limit: int = CANDIDATES) -> list[Hit]:
         if len(self.rows) == 0:
             return []
-        return self._nearest(self.embed_query(query), limit).hits()
+        return self.dense.nearest(self.embed_query(query), limit).hits()
 
     def _lexical(self, query: str, limit: int) -> Ranking:
         terms = query_terms(query).split()
@@ -105,46 +95,6 @@ class Searcher:
                        else NAME_WEIGHT_NATURAL)
         docs, scores = self.postings.top(terms, limit, name_weight)
         return Ranking(docs.astype(np.int64), scores.astype(np.float64))
-
-    def _nearest(self, vector: np.ndarray, limit: int) -> Ranking:
-        """The ``limit`` rows nearest ``vector``, best first."""
-        if len(self.rows) >= PREFILTER_ROWS:
-            rows = self._shortlist(vector)
-            codes, scales = self._codes()
-            scores = stored_scores(np.take(codes, rows, axis=0), scales[rows],
-                                   self.head.quantization,  # type: ignore[arg-type]
-                                   self.head.dim, vector)
-        else:
-            rows = np.arange(len(self.rows))
-            scores = row_dots(self._vectors(), vector)
-        top = np.argpartition(-scores, min(limit, len(scores) - 1))[:limit]
-        top = top[np.argsort(-scores[top], kind="stable")]
-        return Ranking(rows[top].astype(np.int64), scores[top].astype(np.float64))
-
-    def _shortlist(self, vector: np.ndarray) -> np.ndarray:
-        """Rows whose sign bits are nearest ``vector``'s (Hamming distance): the
-        ``SHORTLIST`` nearest and any tied with the last of them."""
-        if self._signs is None:  # one uint64 row per 64 dimensions, so each pass is a vector op
-            positive = positive_mask(self._codes()[0], self.head.quantization,  # type: ignore[arg-type]
-                                     self.head.dim)
-            self._signs = np.ascontiguousarray(_sign_words(positive).T)
-        query = _sign_words(vector[None, :] > 0)[0]
-        rows = self._signs.shape[1]
-        words = np.empty(rows, np.uint64)
-        pair, second = np.empty(rows, np.uint8), np.empty(rows, np.uint8)
-        distance = np.zeros(rows, np.uint16)
-        # two words' counts (≤ 128) add up in uint8, then into the uint16 total: fewer
-        # passes over 100k-row arrays than widening every word's count
-        for word in range(0, len(query), 2):
-            np.bitwise_xor(self._signs[word], query[word], out=words)
-            np.bitwise_count(words, out=pair)
-            if word + 1 < len(query):
-                np.bitwise_xor(self._signs[word + 1], query[word + 1], out=words)
-                pair += np.bitwise_count(words, out=second)
-            distance += pair
-        # the cut-off distance from a histogram: cheaper than argpartition over every row
-        within = np.cumsum(np.bincount(distance, minlength=64 * len(query) + 1))
-        return np.flatnonzero(distance <= np.searchsorted(within, SHORTLIST))
 
     def embed_query(self, query: str) -> np.ndarray:
         return self.encoder.encode([query])[0]
@@ -160,7 +110,7 @@ class Searcher:
     def search(self, query: str, k: int = 10, mode: str = "hybrid",
                abstain: bool = True) -> SearchResponse:
         """The top ``k`` chunks; none, with ``abstained`` set, when the index has nothing
-        to say (see ``ssindex.abstain``; ``abstain=False`` always answers)."""
+        to say (see ``ssindex.index.abstention``; ``abstain=False`` always answers)."""
         if mode not in SEARCH_MODES:
             raise ConfigError(f"unknown mode {mode!r} (modes: {', '.join(SEARCH_MODES)})")
         if k < 1:
@@ -175,7 +125,7 @@ class Searcher:
             vector = self.embed_query(query)
             if mode == "hybrid":  # the dense scan is single-threaded: the other core is free
                 lexical_leg = self._lexical_worker.submit(self._lexical, query, depth)
-            dense = self._nearest(vector, depth)
+            dense = self.dense.nearest(vector, depth)
         if lexical_leg is not None:
             lexical = lexical_leg.result()
         abstained = abstain and self._abstains(query, dense)
@@ -199,7 +149,7 @@ class Searcher:
         if self.term_stats.grounding(query) >= thresholds.lexical:
             return False
         if not len(dense) and len(self.rows):  # a lexical search: the dense leg did not run
-            dense = self._nearest(self.embed_query(query), 1)
+            dense = self.dense.nearest(self.embed_query(query), 1)
         best = float(dense.scores[0]) if len(dense) else 0.0
         return best < thresholds.semantic
 
@@ -241,20 +191,6 @@ class Searcher:
         return self._encoder
 
     # -- internals ------------------------------------------------------------------------
-    def _codes(self) -> tuple[np.ndarray, np.ndarray]:
-        """Every row's vector codes (a view of the memory-mapped snapshot) and scales."""
-        if self._stored is None:
-            self._stored = (binary_matrix(self.rows.column("vec_codes").combine_chunks()),
-                            numeric_view(self.rows.column("vec_scale"), np.float32))
-        return self._stored
-
-    def _vectors(self) -> np.ndarray:
-        """Every row's vector, dequantized into one float32 matrix (for exact scans of
-        indexes below ``PREFILTER_ROWS``; larger ones dequantize their shortlist only)."""
-        if self._matrix is None:
-            self._matrix = stored_vectors(self.rows, self.head.quantization, self.head.dim)
-        return self._matrix
-
     def _fetch(self, hits: list[Hit]) -> list[dict[str, Any]]:
         # one value per column: no ``take`` (it imports pyarrow.compute, ~0.1 s of a cold
         # search) and no one-row tables (3× slower)
@@ -262,10 +198,3 @@ class Searcher:
         return [{**{name: column[hit.row_id].as_py() for name, column in columns.items()},
                  "score": round(hit.score, 6)} for hit in hits]
 
-
-def _sign_words(positive: np.ndarray) -> np.ndarray:
-    """Each row's sign bits packed into uint64 words (zero-padded to whole words)."""
-    packed = np.packbits(positive, axis=1)
-    words = np.zeros((len(packed), -(-packed.shape[1] // 8) * 8), np.uint8)  # not np.pad:
-    words[:, : packed.shape[1]] = packed  # 0.2 ms of every query's few bytes
-    return words.view(np.uint64)

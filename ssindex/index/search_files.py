@@ -10,8 +10,8 @@ each build writes, under ``manifests/`` and named by table version:
     search-vN.arrow    the rows: id, vectors, metadata, text, field lengths (a clean
                        build writes them in row-id order, a rebuild keeps the
                        previous order and appends the rows it wrote)
-    postings-vN.arrow  BM25 postings over those rows (``ssindex.bm25``), with the
-                       term counts of abstention (``ssindex.abstain``)
+    postings-vN.arrow  BM25 postings over those rows (``ssindex.index.postings``), with the
+                       term counts of abstention (``ssindex.index.abstention``)
 
 The Lance table stays the index of record (builds diff and commit against
 it); these files are derived from one of its versions and never change.
@@ -24,9 +24,11 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from ssindex.abstain import TermStats
-from ssindex.bm25 import Postings
-from ssindex.store import IndexDir, numeric_view, scan
+from ssindex.index.abstention import TermStats
+from ssindex.index.layout import IndexDir
+from ssindex.index.postings import Postings
+from ssindex.index.table import scan
+from ssindex.util.arrays import numeric_view
 
 SEARCH_FILES_VERSION = 6
 SNAPSHOT_COLUMNS = ["id", "path", "start_line", "end_line", "language", "symbol", "kind", "text",

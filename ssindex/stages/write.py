@@ -7,15 +7,15 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ssindex.lexical import analyze, exact_symbol_term
-from ssindex.rows import IndexedChunk
+from ssindex.index.layout import CHUNK_SCHEMA, row_digest
+from ssindex.records import IndexedChunk
 from ssindex.stages.embed import embed_key
-from ssindex.store import CHUNK_SCHEMA, row_digest
+from ssindex.text.lexical import analyze, exact_symbol_term
 
 
 def name_terms(path: str, symbol: str) -> str:
     """What the lexical leg's name field indexes: the symbol, the path's parts, and the
-    exact symbol name as one ``sym:`` token (see ``ssindex.lexical.exact_symbol_term``)."""
+    exact symbol name as one ``sym:`` token (see ``ssindex.text.lexical.exact_symbol_term``)."""
     words = analyze(f"{symbol} {path.replace('/', ' ').replace('.', ' ')}")
     return f"{words} {exact_symbol_term(symbol)}"
 

@@ -14,7 +14,7 @@ for a query naming an identifier, wrong for a question in English, whose
 common words ("get", "file") match countless names. On CoSQA's 500 web
 questions the lexical leg scored MRR@10 0.251 with the name field weighted ×2,
 0.320 with it ignored and 0.332 at ×0.25; identifier queries keep ×2. The terms
-are the analyzer's (``ssindex.lexical``), split on spaces.
+are the analyzer's (``ssindex.text.lexical``), split on spaces.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from functools import cached_property
 import numpy as np
 import pyarrow as pa
 
-from ssindex.store import numeric_view
+from ssindex.util.arrays import numeric_view
 
 K1, B = 1.2, 0.75
 NAME_WEIGHT_NATURAL = 0.25
@@ -48,7 +48,7 @@ class Postings:
     impacts: np.ndarray
     """BM25 contribution of the term to the doc within one field."""
     counts: np.ndarray
-    """Collection frequency of each term over both fields (for ``ssindex.abstain``)."""
+    """Collection frequency of each term over both fields (for ``ssindex.index.abstention``)."""
     size: int
     lengths: np.ndarray | None = None
     """(2, docs): terms in each doc's body and name fields; needed by ``update`` only,

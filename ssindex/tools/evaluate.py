@@ -27,7 +27,7 @@ import xxhash
 from ssindex.config import SEARCH_MODES, BuildConfig
 from ssindex.errors import ConfigError
 from ssindex.pipeline.build import build
-from ssindex.search import Searcher
+from ssindex.query.searcher import Searcher
 
 _DEF_NAME = re.compile(r"^\s*(?:async\s+)?(?:def|function|func|fn)\s+([A-Za-z_]\w*)", re.M)
 DEPTH = 100

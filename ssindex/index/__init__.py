@@ -1,0 +1,1 @@
+"""The on-disk format, read by build and search alike: layout, Lance table, search files."""

@@ -1,0 +1,234 @@
+"""The index on disk: a Lance ``chunks`` table through LanceDB, and a head file.
+
+Layout of an index directory::
+
+    HEAD.json        the committed state: table version, model, settings, stats
+    db/chunks.lance  every row ever committed, versioned by Lance
+    manifests/       per committed version, Arrow IPC files: the build manifest
+                     and the search files (``ssindex.index.search_files``)
+    lock             advisory builder lock (see ``ssindex.index.lock``)
+
+A build commits to Lance as many times as it needs (rows, deletions,
+compaction), writes that version's manifests, then replaces ``HEAD.json``
+atomically. Readers open the files *of the version HEAD names* (a build, the
+Lance table at that version; a search, its search files), so they see the
+previous build or the new one, never a mix, and never wait for a builder. A build that dies before
+replacing HEAD leaves it pointing at the old, intact version; the next build
+restores that version before writing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import xxhash
+
+from ssindex.errors import IndexCorrupt, IndexNotFound, IndexNotWritable
+from ssindex.util.fsio import atomic_file, atomic_write_bytes
+
+FORMAT_VERSION = 1
+TABLE = "chunks"
+_VERSIONED = re.compile(r"(?:v|terms-v|postings-v|search-v)(\d+)\.arrow")
+HEAD = "HEAD.json"
+HEAD_KEYS = ("table_version", "manifest", "root", "built_at", "model", "quantization",
+             "settings", "files", "chunks")
+"""What every head has held since format 1 and readers rely on."""
+
+CHUNK_SCHEMA = pa.schema([
+    ("id", pa.string()),
+    ("path", pa.string()),
+    ("language", pa.string()),
+    ("start_line", pa.int32()),
+    ("end_line", pa.int32()),
+    ("symbol", pa.string()),
+    ("kind", pa.string()),
+    ("text", pa.string()),
+    ("dup_of", pa.string()),
+    ("content_hash", pa.string()),
+    ("file_hash", pa.string()),
+    ("embed_key", pa.string()),
+    ("minhash", pa.binary()),
+    ("vec_codes", pa.binary()),
+    ("vec_scale", pa.float32()),
+    ("lex_body", pa.string()),
+    ("lex_name", pa.string()),
+    ("row_digest", pa.string()),
+])
+MANIFEST_SCHEMA = pa.schema([
+    ("path", pa.string()),
+    ("size", pa.int64()),
+    ("mtime_ns", pa.int64()),
+    ("content_hash", pa.string()),
+    ("chunk_ids", pa.list_(pa.string())),
+    ("ctime_ns", pa.int64()),
+    ("inode", pa.int64()),
+])
+
+
+
+
+
+
+def row_digest(row: dict[str, Any]) -> str:
+    """Hash of every stored field but the digest itself: unchanged rows are not rewritten."""
+    digest = xxhash.xxh3_64()
+    for name in CHUNK_SCHEMA.names[:-1]:
+        value = row[name]
+        digest.update(value if isinstance(value, bytes) else repr(value).encode())
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class Head:
+    """The committed state of an index, as ``HEAD.json`` records it."""
+
+    data: dict[str, Any]
+
+    @property
+    def table_version(self) -> int:
+        return int(self.data["table_version"])
+
+    @property
+    def quantization(self) -> str:
+        return str(self.data["quantization"])
+
+    @property
+    def dim(self) -> int:
+        return int(self.data["model"]["dim"])
+
+
+class IndexDir:
+    """Paths and head of one index directory."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+
+    @property
+    def db_path(self) -> Path:
+        return self.path / "db"
+
+    def exists(self) -> bool:
+        return (self.path / HEAD).is_file()
+
+    def read_head(self) -> Head:
+        file = self.path / HEAD
+        if not file.is_file():
+            raise IndexNotFound(f"no index at {self.path} (run `ssindex build` first)")
+        try:
+            data = json.loads(file.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise IndexCorrupt(f"cannot read {file}: {exc}") from exc
+        if not isinstance(data, dict):
+            raise IndexCorrupt(f"{file} is not an index head; rebuild the index")
+        if data.get("format_version") != FORMAT_VERSION:
+            raise IndexCorrupt(
+                f"index format {data.get('format_version')} at {self.path} is not supported "
+                f"(this ssindex reads format {FORMAT_VERSION}); rebuild it"
+            )
+        missing = [key for key in HEAD_KEYS if key not in data]
+        if missing:
+            raise IndexCorrupt(f"{file} lacks {', '.join(missing)}; rebuild the index")
+        return Head(data)
+
+    def write_head(self, data: dict[str, Any]) -> None:
+        atomic_write_bytes(self.path / HEAD, json.dumps(data, indent=2).encode())
+
+    def ensure_writable(self) -> None:
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            (self.path / "manifests").mkdir(exist_ok=True)
+            probe = self.path / f".write-probe-{os.getpid()}"
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as exc:
+            raise IndexNotWritable(f"cannot write index directory {self.path}: {exc}") from exc
+
+    def connect(self) -> Any:
+        import lancedb
+
+        return lancedb.connect(str(self.db_path))
+
+    def open_table(self, version: int | None = None) -> Any:
+        """The chunks table, pinned at ``version`` (default: HEAD's)."""
+        if version is None:
+            version = self.read_head().table_version
+        try:
+            table = self.connect().open_table(TABLE)
+            table.checkout(version)
+        except Exception as exc:  # Lance raises plain ValueError/OSError variants
+            raise IndexCorrupt(f"cannot open {TABLE} v{version} in {self.path}: {exc}") from exc
+        return table
+
+    def write_manifest(self, name: str, table: pa.Table) -> str:
+        import pyarrow.ipc as ipc
+
+        # written straight to the file: the search files of a 62k-chunk index are ~120 MB
+        with atomic_file(self.path / "manifests" / name) as f, ipc.new_file(
+                f, table.schema) as writer:
+            writer.write_table(table)
+        return name
+
+    def prune_manifests(self, keep: set[str], min_age_s: float = 3600) -> None:
+        """Delete per-version manifests not named in ``keep`` once they are older than
+        ``min_age_s`` (as Lance keeps old versions an hour, for pinned readers)."""
+        cutoff = time.time() - min_age_s
+        for path in (self.path / "manifests").glob("*.arrow"):
+            if (_VERSIONED.fullmatch(path.name) and path.name not in keep
+                    and path.stat().st_mtime < cutoff):
+                path.unlink(missing_ok=True)
+
+    def read_manifest(self, name: str, mmap: bool = False) -> pa.Table:
+        """A manifest, read into memory, or memory-mapped (pages load as they are used)."""
+        import pyarrow.ipc as ipc
+
+        path = str(self.path / "manifests" / name)
+        try:
+            if mmap:
+                return ipc.open_file(pa.memory_map(path)).read_all()
+            with ipc.open_file(path) as reader:
+                return reader.read_all()
+        except (OSError, pa.ArrowException) as exc:
+            raise IndexCorrupt(f"cannot read {path} ({exc}): the index is damaged; "
+                               "remove it and run `ssindex build`") from exc
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+def status_data(index_path: Path) -> dict[str, Any]:
+    """What an index holds and how it was built (``ssindex status``, MCP ``status``)."""
+    head = IndexDir(index_path).read_head().data
+    return {
+        "index": str(index_path), "files": head["files"], "chunks": head["chunks"],
+        "model": head["model"]["id"], "quantization": head["quantization"],
+        "index_version": FORMAT_VERSION, "table_version": head["table_version"],
+        "built_at": head["built_at"], "root": head["root"],
+    }
+
+
+def default_index_path(root: Path) -> Path:
+    return Path(root) / ".ssindex"
+
+
+def now_iso() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

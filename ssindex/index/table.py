@@ -1,0 +1,158 @@
+"""The Lance ``chunks`` table: commits of a build's rows as a diff, and scans."""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from datetime import timedelta
+from typing import Any, TypeVar
+
+import pyarrow as pa
+
+from ssindex.index.layout import CHUNK_SCHEMA, TABLE, Head, IndexDir
+
+T = TypeVar("T")
+
+
+MAX_FRAGMENTS = 8
+"""An incremental commit adds a fragment (and deletion files): compacting after every
+one cost a one-file rebuild of the standard library ~0.7 s, so compaction waits until
+the table has more fragments than this."""
+
+
+class TableWriter:
+    """Commits the rows of one build as a diff against the committed version."""
+
+    def __init__(self, index: IndexDir, previous: Head | None) -> None:
+        self.index = index
+        self.previous = previous
+        self.rows_written = 0
+        self.rows_deleted = 0
+        self.changes: tuple[pa.Table, set[str]] | None = None
+        """After an incremental commit: the rows written and the ids deleted."""
+
+    def write(self, batches: Iterable[pa.RecordBatch], previous_digests: dict[str, str],
+              row_ids: set[str]) -> int:
+        """Commit new and changed rows, delete rows not in ``row_ids`` (filled while
+        ``batches`` is consumed); returns the new table version."""
+        db = self.index.connect()
+        changed = self._changed(batches, previous_digests)
+        if self.previous is None or TABLE not in db.table_names():
+            table = _stream_to(lambda reader: db.create_table(
+                TABLE, data=reader, schema=CHUNK_SCHEMA, mode="overwrite"), changed)
+            return int(table.version)
+        table = db.open_table(TABLE)
+        if table.version != self.previous.table_version:
+            table.checkout(self.previous.table_version)
+            table.restore()
+        pending = list(changed)
+        if pending:
+            (table.merge_insert("id").when_matched_update_all()
+             .when_not_matched_insert_all().execute(pa.Table.from_batches(pending)))
+        gone = [row_id for row_id in previous_digests if row_id not in row_ids]
+        for start in range(0, len(gone), 5000):
+            ids = ", ".join(f"'{row_id}'" for row_id in gone[start : start + 5000])
+            table.delete(f"id IN ({ids})")
+        self.rows_deleted = len(gone)
+        self.changes = (pa.Table.from_batches(pending, CHUNK_SCHEMA), set(gone))
+        if (pending or gone) and table.stats()["fragment_stats"]["num_fragments"] > MAX_FRAGMENTS:
+            table.optimize()
+        return int(table.version)
+
+    def commit_fragments(self, fragments: list[str]) -> int:
+        """Commit Lance fragments written by workers (JSON metadata) as one new version
+        that replaces the table; returns the version after the text indexes."""
+        import lance
+        from lance.fragment import FragmentMetadata
+
+        uri = str(self.index.db_path / f"{TABLE}.lance")
+        operation = lance.LanceOperation.Overwrite(
+            CHUNK_SCHEMA, [FragmentMetadata.from_json(f) for f in fragments])
+        lance.LanceDataset.commit(uri, operation)
+        return int(self.index.connect().open_table(TABLE).version)
+
+    def _changed(self, batches: Iterable[pa.RecordBatch],
+                 previous: dict[str, str]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            ids = batch.column("id").to_pylist()
+            digests = batch.column("row_digest").to_pylist()
+            keep = [previous.get(i) != d for i, d in zip(ids, digests, strict=True)]
+            if any(keep):
+                out = batch if all(keep) else batch.filter(pa.array(keep))
+                self.rows_written += out.num_rows
+                yield out
+
+    def cleanup(self) -> None:
+        """Drop versions older than an hour; readers pinned to recent ones are safe."""
+        with contextlib.suppress(Exception):  # best effort; the committed build is intact
+            self.index.connect().open_table(TABLE).cleanup_old_versions(
+                older_than=timedelta(hours=1), delete_unverified=False
+            )
+
+
+_END, _STOP = object(), object()
+
+
+def _stream_to(write: Callable[[pa.RecordBatchReader], T],
+               batches: Iterable[pa.RecordBatch]) -> T:
+    """``write(reader)`` on a helper thread while ``batches`` are produced on this one.
+
+    Lance pulls a reader's batches on a thread of its own. Handed the pipeline itself,
+    it would run every stage, embedding included, on that thread: a Ctrl-C would stop
+    only the thread waiting for Lance, the pipeline would run on, and the process
+    would abort at exit ("terminate called without an active exception"). Here the
+    pipeline stays on the calling thread, where interrupts and errors land; the write
+    is then abandoned (nothing is committed) before they go on."""
+    handoff: queue.Queue[Any] = queue.Queue(maxsize=2)
+    written: list[T] = []
+    failed: list[BaseException] = []
+
+    def handed() -> Iterator[pa.RecordBatch]:
+        while (item := handoff.get()) is not _END:
+            if item is _STOP:
+                raise RuntimeError("the build stopped before its last batch")
+            yield item
+
+    def run() -> None:
+        try:
+            written.append(write(pa.RecordBatchReader.from_batches(CHUNK_SCHEMA, handed())))
+        except BaseException as exc:  # raised on the calling thread
+            failed.append(exc)
+
+    writer = threading.Thread(target=run, name="ssindex-lance-write")
+    writer.start()
+
+    def hand(item: Any) -> bool:
+        """Queue ``item`` for the writer; False once it has stopped (it failed)."""
+        while writer.is_alive():
+            with contextlib.suppress(queue.Full):
+                handoff.put(item, timeout=0.1)
+                return True
+        return False
+
+    try:
+        for batch in batches:
+            if not hand(batch):
+                break
+        hand(_END)
+    except BaseException:
+        hand(_STOP)
+        writer.join()
+        raise
+    writer.join()
+    if failed:
+        raise failed[0]
+    return written[0]
+
+
+def scan(table: Any, columns: list[str], where: str | None = None,
+         with_row_id: bool = False) -> pa.Table:
+    """Some columns of every row (matching ``where``) of a pinned table."""
+    query = table.search().select(columns)
+    if where:
+        query = query.where(where)
+    if with_row_id:
+        query = query.with_row_id(True)
+    return query.limit(None).to_arrow()

@@ -1,0 +1,102 @@
+"""What a build commits after its rows: search files, abstention thresholds, stats, HEAD."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import xxhash
+
+from ssindex.backends.base import EncodeStats
+from ssindex.backends.model import ModelSpec
+from ssindex.backends.selector import BackendReport
+from ssindex.codec import bytes_per_vector, stored_vectors
+from ssindex.config import BuildConfig
+from ssindex.index.abstention import Thresholds, calibrate, recalibrate
+from ssindex.index.layout import IndexDir
+from ssindex.index.search_files import update_search_files, write_search_files
+from ssindex.index.table import TableWriter
+from ssindex.pipeline.encoder import LazyEncoder
+from ssindex.pipeline.engines.common import RunStats
+from ssindex.pipeline.plan import STAGES
+from ssindex.pipeline.previous import PreviousIndex
+
+HEAD_FILES = ("manifest", "postings", "snapshot")
+"""Keys of ``HEAD.json`` that name per-version manifests."""
+
+
+def search_files_of(index: IndexDir, version: int, encoder: LazyEncoder, model_key: str,
+                  previous: dict[str, Any], changes: tuple[pa.Table, set[str]] | None,
+                  ) -> tuple[dict[str, str], Thresholds]:
+    """The search files of the committed version (``ssindex.index.search_files``), and abstention
+    thresholds calibrated on its rows. ``changes`` (rows written, ids deleted) against the
+    version whose search files ``previous`` names update those; without, they are
+    written from the table.
+
+    The nonsense queries' vectors depend on the model alone, so they are kept
+    beside the index and a rebuild that embeds nothing never loads the model."""
+    if changes is not None:
+        files, data, stats = update_search_files(index, version, previous, *changes)
+    else:
+        files, data, stats = write_search_files(index, version)
+    key = xxhash.xxh3_64_hexdigest(model_key.encode())
+    cache = index.path / "manifests" / f"nonsense-{key}.arrow"
+
+    def embed(queries: list[str]) -> np.ndarray:
+        if cache.is_file():
+            return np.stack(index.read_manifest(cache.name).column("vector").to_numpy(
+                zero_copy_only=False))
+        vectors = encoder.encode(queries)
+        index.write_manifest(cache.name, pa.table({"vector": pa.array(
+            list(vectors), type=pa.list_(pa.float32()))}))
+        return vectors
+
+    def vectors(rows: pa.Table) -> np.ndarray:
+        return stored_vectors(rows, encoder.quantization, encoder.model.dim)
+
+    if changes is not None:
+        written, removed = changes
+        thresholds = recalibrate(Thresholds(**previous["abstention"]), stats, vectors(written),
+                                 written.column("id").to_pylist(), removed, embed)
+        if thresholds is not None:
+            return files, thresholds
+    return files, calibrate(stats, vectors(data), data.column("id").to_pylist(), embed)
+
+
+def build_stats(stats: RunStats, encode: EncodeStats | None, backend: BackendReport,
+           model: ModelSpec, cfg: BuildConfig, write_seconds: float, writer: TableWriter,
+           previous: PreviousIndex | None) -> dict[str, Any]:
+    seconds = stats.clock.exclusive()
+    seconds["write"] = round(max(write_seconds, 0.0), 3)
+    known = previous.files if previous is not None else {}
+    paths = {entry["path"] for entry in stats.manifest}
+    return {
+        "files_seen": stats.walk.files_seen,
+        "files_read": stats.walk.files_read,
+        "files_indexed": stats.chunk.files,
+        "files_skipped": dict(sorted(stats.walk.skipped.items())),
+        "dirs_pruned": dict(sorted(stats.walk.dirs_pruned.items())),
+        "files_unchanged": stats.chunk.files_unchanged,
+        "files_changed": sum(1 for e in stats.manifest
+                             if e["path"] in known and known[e["path"]][0] != e["content_hash"]),
+        "files_new": sum(1 for p in paths if p not in known),
+        "files_removed": sum(1 for p in known if p not in paths),
+        "chunkers": dict(stats.chunk.chunkers),
+        "chunks_total": stats.chunk.chunks,
+        "chunks_embedded": stats.embed.embedded,
+        "chunks_deduplicated": stats.dedupe.exact + stats.dedupe.near,
+        "chunks_near_duplicates": stats.dedupe.near,
+        "chunks_reused": stats.embed.reused,
+        "chunks_truncated": encode.truncated if encode else 0,
+        "tokens_embedded": encode.tokens if encode else 0,
+        "padding_fraction": round(1 - encode.tokens / encode.padded_tokens, 4)
+        if encode and encode.padded_tokens else 0.0,
+        "rows_written": writer.rows_written,
+        "rows_deleted": writer.rows_deleted,
+        "stage_seconds": {stage: seconds.get(stage, 0.0) for stage in STAGES},
+        "backends": {"embed_bulk": backend.as_json()},
+        "model": model.model_id,
+        "quantization": cfg.quantization,
+        "vector_bytes_per_chunk": bytes_per_vector(cfg.quantization, model.dim),
+    }

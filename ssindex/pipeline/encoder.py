@@ -1,0 +1,103 @@
+"""The build's lazy encoder: no model is loaded until a chunk needs a vector."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import threading
+
+import numpy as np
+
+from ssindex.backends.base import Encoder, EncodeStats
+from ssindex.backends.inventory import detect
+from ssindex.backends.model import ModelSpec
+from ssindex.backends.selector import BackendReport, Selection, select
+from ssindex.codec import Quantization
+from ssindex.config import BuildConfig
+from ssindex.pipeline.progress import Progress
+
+SMALL_EMBED_LIMIT = 256
+"""An incremental build embedding at most this many chunks uses the query backend."""
+
+
+class LazyEncoder:
+    """Selects and loads a backend only when a chunk really needs embedding, so a
+    rebuild that reuses every vector never loads a model.
+
+    An incremental build starts on the ``embed_query`` backend (ONNX Runtime on a
+    CPU: ready in a fraction of a second, where loading torch takes seconds) and
+    moves to the ``embed_bulk`` backend once it has more than ``SMALL_EMBED_LIMIT``
+    chunks to embed. Both agree to cosine ≥ 0.999 (see the backend tests)."""
+
+    def __init__(self, model: ModelSpec, cfg: BuildConfig, explicit: str | None,
+                 progress: Progress, incremental: bool = False) -> None:
+        self.model = model
+        self.quantization: Quantization = cfg.quantization
+        self._cfg = cfg
+        self._explicit = explicit
+        self._progress = progress
+        self._phase = "embed_query" if incremental and not explicit else "embed_bulk"
+        self._embedded = 0
+        self.stats = EncodeStats()
+        self.selection: Selection | None = None
+        self.encoder: Encoder | None = None
+        self._loading: threading.Thread | None = None
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, self.model.dim), dtype=np.float32)
+        self._settle()
+        self._embedded += len(texts)
+        if self._phase == "embed_query" and self._embedded > SMALL_EMBED_LIMIT:
+            self._phase, self.encoder = "embed_bulk", None
+        return self.load().encode(texts)
+
+    def prepare(self) -> None:
+        """Start loading the backend in a background thread. An incremental build calls
+        this on meeting a changed file, so that the load (~0.4 s for ONNX Runtime)
+        overlaps the walk and dedupe instead of following them. A failure there is
+        left for ``load`` to meet again, in the caller's thread."""
+        if self.encoder is None and self._loading is None:
+            def load_quietly() -> None:
+                with contextlib.suppress(Exception):
+                    self._load()
+
+            self._loading = threading.Thread(target=load_quietly, daemon=True,
+                                             name="ssindex-encoder-load")
+            self._loading.start()
+
+    def _settle(self) -> None:
+        if self._loading is not None:
+            self._loading.join()
+            self._loading = None
+
+    def load(self) -> Encoder:
+        self._settle()
+        return self._load()
+
+    def _load(self) -> Encoder:
+        if self.encoder is None:
+            query = self._phase == "embed_query"
+            # the query backends are probed anyway: importing torch (seconds) to take
+            # the machine's inventory would cost a one-file rebuild most of its time
+            self.selection = select(self._phase, self.model, None if query else self._explicit,
+                                    inventory=detect(with_torch=not query),
+                                    warn=self._progress.message)
+            self.encoder = Encoder(self.selection.backend, self.model,
+                                   self._cfg.embed.max_tokens, self._cfg.embed.batch_tokens)
+            self.encoder.stats = self.stats
+        return self.encoder
+
+    def report(self) -> BackendReport:
+        self._settle()
+        if self.selection is None:
+            return BackendReport.unloaded("not loaded: every vector was reused")
+        report = self.selection.report()
+        if self._phase == "embed_query" and not self._embedded:
+            reason = f"loaded for changed files, but every vector was reused ({report.reason})"
+        elif self._phase == "embed_query":
+            reason = (f"incremental build with {self._embedded} chunks to embed: "
+                      f"the query backend starts faster ({report.reason})")
+        else:
+            return report
+        return dataclasses.replace(report, reason=reason)

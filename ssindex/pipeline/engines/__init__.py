@@ -1,0 +1,1 @@
+"""Engines turn a ``BuildPlan`` into execution: ``local`` (threads) and ``ray`` (Ray Data)."""

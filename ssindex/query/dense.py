@@ -1,0 +1,91 @@
+"""The dense leg: an exact scan of the stored vectors, or a sign-bit shortlist.
+
+Below ``PREFILTER_ROWS`` chunks the scan is exact. Above, it is memory-bound (150 MB
+of float32 at 100k chunks: ~13 ms on 2 cores), so one sign bit per dimension picks a
+shortlist of ``SHORTLIST`` chunks by Hamming distance (~1–2 ms; the bits are read from
+the stored codes), and only the shortlist is scored exactly. On 200 CoSQA queries
+against the standard library's 62k chunks the shortlist held 99.8% of the exact top
+10 and 97.8% of the top 100 (1,000 rows would hold 99.5% and 93.9%).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from ssindex.codec import Quantization, positive_mask, row_dots, stored_scores, stored_vectors
+from ssindex.query.fusion import Ranking
+from ssindex.util.arrays import binary_matrix, numeric_view
+
+PREFILTER_ROWS = 20_000
+SHORTLIST = 2_000
+
+
+class DenseLeg:
+    """Nearest rows of one pinned version's search file (``vec_codes``, ``vec_scale``)."""
+
+    def __init__(self, rows: pa.Table, quantization: Quantization, dim: int) -> None:
+        self.rows, self.quantization, self.dim = rows, quantization, dim
+        self._matrix: np.ndarray | None = None
+        self._stored: tuple[np.ndarray, np.ndarray] | None = None
+        self._signs: np.ndarray | None = None
+
+    def nearest(self, vector: np.ndarray, limit: int) -> Ranking:
+        """The ``limit`` rows nearest ``vector``, best first."""
+        if len(self.rows) >= PREFILTER_ROWS:
+            rows = self.shortlist(vector)
+            codes, scales = self.codes()
+            scores = stored_scores(np.take(codes, rows, axis=0), scales[rows],
+                                   self.quantization, self.dim, vector)
+        else:
+            rows = np.arange(len(self.rows))
+            scores = row_dots(self.vectors(), vector)
+        top = np.argpartition(-scores, min(limit, len(scores) - 1))[:limit]
+        top = top[np.argsort(-scores[top], kind="stable")]
+        return Ranking(rows[top].astype(np.int64), scores[top].astype(np.float64))
+
+    def shortlist(self, vector: np.ndarray) -> np.ndarray:
+        """Rows whose sign bits are nearest ``vector``'s (Hamming distance): the
+        ``SHORTLIST`` nearest and any tied with the last of them."""
+        if self._signs is None:  # one uint64 row per 64 dimensions, so each pass is a vector op
+            positive = positive_mask(self.codes()[0], self.quantization, self.dim)
+            self._signs = np.ascontiguousarray(sign_words(positive).T)
+        query = sign_words(vector[None, :] > 0)[0]
+        rows = self._signs.shape[1]
+        words = np.empty(rows, np.uint64)
+        pair, second = np.empty(rows, np.uint8), np.empty(rows, np.uint8)
+        distance = np.zeros(rows, np.uint16)
+        # two words' counts (≤ 128) add up in uint8, then into the uint16 total: fewer
+        # passes over 100k-row arrays than widening every word's count
+        for word in range(0, len(query), 2):
+            np.bitwise_xor(self._signs[word], query[word], out=words)
+            np.bitwise_count(words, out=pair)
+            if word + 1 < len(query):
+                np.bitwise_xor(self._signs[word + 1], query[word + 1], out=words)
+                pair += np.bitwise_count(words, out=second)
+            distance += pair
+        # the cut-off distance from a histogram: cheaper than argpartition over every row
+        within = np.cumsum(np.bincount(distance, minlength=64 * len(query) + 1))
+        return np.flatnonzero(distance <= np.searchsorted(within, SHORTLIST))
+
+    def codes(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every row's vector codes (a view of the memory-mapped snapshot) and scales."""
+        if self._stored is None:
+            self._stored = (binary_matrix(self.rows.column("vec_codes").combine_chunks()),
+                            numeric_view(self.rows.column("vec_scale"), np.float32))
+        return self._stored
+
+    def vectors(self) -> np.ndarray:
+        """Every row's vector, dequantized into one float32 matrix (for exact scans of
+        indexes below ``PREFILTER_ROWS``; larger ones dequantize their shortlist only)."""
+        if self._matrix is None:
+            self._matrix = stored_vectors(self.rows, self.quantization, self.dim)
+        return self._matrix
+
+
+def sign_words(positive: np.ndarray) -> np.ndarray:
+    """Each row's sign bits packed into uint64 words (zero-padded to whole words)."""
+    packed = np.packbits(positive, axis=1)
+    words = np.zeros((len(packed), -(-packed.shape[1] // 8) * 8), np.uint8)  # not np.pad:
+    words[:, : packed.shape[1]] = packed  # 0.2 ms of every query's few bytes
+    return words.view(np.uint64)

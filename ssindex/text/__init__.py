@@ -1,0 +1,1 @@
+"""Text analysis shared by build and search: lexical terms and languages."""

@@ -1,0 +1,1 @@
+"""Commands beyond build and search: the MCP server, eval, calibrate, doctor, terminal output."""

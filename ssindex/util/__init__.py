@@ -1,0 +1,1 @@
+"""Small helpers every layer may use: atomic files, Arrow views, user directories."""
