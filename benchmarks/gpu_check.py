@@ -24,7 +24,7 @@ from _corpus import model_flops_per_token, stdlib_chunk_texts
 from ssindex.backends.base import Encoder
 from ssindex.backends.inventory import detect
 from ssindex.backends.model import ModelSpec
-from ssindex.backends.selector import create
+from ssindex.backends.registry import create
 
 
 def cuda_gemm_peak(size: int = 8192, repeats: int = 10) -> float:

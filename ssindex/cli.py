@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -15,6 +16,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from ssindex.config import QUANTIZATIONS, BuildConfig
 from ssindex.errors import ConfigError, SsindexError
 
 app = typer.Typer(
@@ -87,19 +89,13 @@ def build(
     )] = None,
 ) -> None:
     """Index PATH (default index dir: PATH/.ssindex)."""
-    from dataclasses import replace
-
     from ssindex.backends.names import parse_overrides
-    from ssindex.config import QUANTIZATIONS, load_config
+    from ssindex.config import load_config
     from ssindex.pipeline.build import build as run_build
     from ssindex.pipeline.plan import RayOptions
     from ssindex.tools.report import PlainProgress, RichProgress, summary_table
 
-    cfg = load_config(config)
-    if quantize is not None:
-        if quantize not in QUANTIZATIONS:
-            raise ConfigError(f"--quantize must be one of {', '.join(QUANTIZATIONS)}")
-        cfg = replace(cfg, quantization=quantize)  # type: ignore[arg-type]
+    cfg = _quantized(load_config(config), quantize)
     if model is not None:
         cfg = replace(cfg, embed=replace(cfg.embed, model=model))
     overrides = parse_overrides(backend or [])
@@ -111,13 +107,7 @@ def build(
     if check:
         from ssindex.pipeline.build import check as check_index
 
-        reasons = check_index(path, index, cfg)
-        if as_json:
-            _emit({"stale": bool(reasons), "reasons": reasons})
-        else:
-            Console().print("stale: " + "; ".join(reasons) if reasons else "current",
-                            markup=False)
-        raise typer.Exit(1 if reasons else 0)
+        _report_staleness(check_index(path, index, cfg), as_json)
     live = err.is_terminal and not no_progress
     reporter: Any = RichProgress(err) if live else PlainProgress()
     try:
@@ -131,6 +121,24 @@ def build(
         _emit(stats)
     else:
         Console().print(summary_table(stats))
+
+
+def _quantized(cfg: BuildConfig, quantize: str | None) -> BuildConfig:
+    """``cfg`` with ``--quantize``, checked, when given."""
+    if quantize is None:
+        return cfg
+    if quantize not in QUANTIZATIONS:
+        raise ConfigError(f"--quantize must be one of {', '.join(QUANTIZATIONS)}")
+    return replace(cfg, quantization=quantize)  # type: ignore[arg-type]
+
+
+def _report_staleness(reasons: list[str], as_json: bool) -> None:
+    """``build --check``: why the index is stale (exit 1), or that it is current (exit 0)."""
+    if as_json:
+        _emit({"stale": bool(reasons), "reasons": reasons})
+    else:
+        Console().print("stale: " + "; ".join(reasons) if reasons else "current", markup=False)
+    raise typer.Exit(1 if reasons else 0)
 
 
 @app.command()
@@ -209,16 +217,11 @@ def evaluate(
     as_json: JsonOpt = False,
 ) -> None:
     """Retrieval quality (MRR@10, nDCG@10, recall, latency) through the real pipeline."""
-    from dataclasses import replace
 
-    from ssindex.config import QUANTIZATIONS, SEARCH_MODES, BuildConfig
+    from ssindex.config import SEARCH_MODES, BuildConfig
     from ssindex.tools.evaluate import evaluate as run_eval
 
-    cfg = BuildConfig()
-    if quantize is not None:
-        if quantize not in QUANTIZATIONS:
-            raise ConfigError(f"--quantize must be one of {', '.join(QUANTIZATIONS)}")
-        cfg = replace(cfg, quantization=quantize)  # type: ignore[arg-type]
+    cfg = _quantized(BuildConfig(), quantize)
     modes = list(SEARCH_MODES) if mode == "all" else [mode]
     report = run_eval(directory, modes, cfg, workdir, suffix, abstain=not no_abstain)
     if as_json:

@@ -10,16 +10,11 @@ Codes are stored as raw bytes so the three kinds share one column layout.
 
 from __future__ import annotations
 
-from typing import Literal
-
 import numpy as np
 import pyarrow as pa
 
+from ssindex.config import Quantization
 from ssindex.util.arrays import binary_matrix, numeric_view
-
-Quantization = Literal["int8", "int4", "none"]
-QUANTIZATIONS: tuple[str, ...] = ("int8", "int4", "none")
-
 
 _LEVELS = {"int8": 127, "int4": 7}
 

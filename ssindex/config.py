@@ -12,9 +12,10 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from ssindex.codec import QUANTIZATIONS, Quantization
 from ssindex.errors import ConfigError
 
+Quantization = Literal["int8", "int4", "none"]
+QUANTIZATIONS: tuple[str, ...] = ("int8", "int4", "none")
 SearchMode = Literal["hybrid", "lexical", "semantic"]
 SEARCH_MODES: tuple[str, ...] = ("hybrid", "lexical", "semantic")
 

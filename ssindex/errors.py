@@ -16,54 +16,73 @@ Anything else is a bug and keeps its traceback.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any, ClassVar
+
 
 class SsindexError(Exception):
-    """Base class of every error ssindex reports to a user."""
+    """Base class of every error ssindex reports to a user; ``exit_code`` is the CLI's,
+    given as a class keyword: ``class IndexLocked(SsindexError, exit_code=4)``."""
 
-    exit_code = 2
+    exit_code: ClassVar[int] = 2
+
+    def __init_subclass__(cls, exit_code: int | None = None, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if exit_code is not None:
+            cls.exit_code = exit_code
 
 
 class ConfigError(SsindexError):
     """A config file, option value or input path is invalid."""
 
 
-class IndexNotFound(SsindexError):
+class IndexNotFound(SsindexError, exit_code=3):
     """No index exists at the given location."""
 
-    exit_code = 3
 
-
-class IndexCorrupt(SsindexError):
+class IndexCorrupt(SsindexError, exit_code=3):
     """The index head or its tables cannot be read."""
 
-    exit_code = 3
 
-
-class IndexLocked(SsindexError):
+class IndexLocked(SsindexError, exit_code=4):
     """Another live process is building this index."""
 
-    exit_code = 4
 
-
-class IndexNotWritable(SsindexError):
+class IndexNotWritable(SsindexError, exit_code=5):
     """The index directory cannot be created or written."""
 
-    exit_code = 5
 
-
-class BackendUnavailable(SsindexError):
+class BackendUnavailable(SsindexError, exit_code=6):
     """A requested embedding backend cannot run on this machine."""
 
-    exit_code = 6
 
-
-class BackendExecutionError(SsindexError):
+class BackendExecutionError(SsindexError, exit_code=6):
     """An embedding backend failed while encoding."""
 
-    exit_code = 6
 
-
-class EngineUnavailable(SsindexError):
+class EngineUnavailable(SsindexError, exit_code=7):
     """The requested execution engine cannot run (not installed, cluster unreachable)."""
 
-    exit_code = 7
+
+_KINDS: list[type[SsindexError]] = [SsindexError, *SsindexError.__subclasses__()]
+ERRORS = {kind.__name__: kind for kind in _KINDS}
+"""Every error by class name: how an error reported as data (by a Ray task) is raised again."""
+
+
+@contextlib.contextmanager
+def map_exceptions(mapping: dict[type[BaseException] | tuple[type[BaseException], ...],
+                                 Callable[[BaseException], SsindexError]]) -> Iterator[None]:
+    """Turn a dependency's exceptions into ssindex errors at one boundary, in the style of
+    httpx's ``map_exceptions``: ``mapping`` names the foreign kinds and builds the error
+    for each. An ssindex error passes through; anything unmapped is a bug and keeps
+    its traceback."""
+    try:
+        yield
+    except SsindexError:
+        raise
+    except Exception as exc:
+        for kinds, make in mapping.items():
+            if isinstance(exc, kinds):
+                raise make(exc) from exc
+        raise

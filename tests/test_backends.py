@@ -12,8 +12,9 @@ import pytest
 from ssindex.backends.base import Encoder
 from ssindex.backends.inventory import Inventory, detect
 from ssindex.backends.model import ModelSpec
-from ssindex.backends.names import PHASES, parse_overrides
-from ssindex.backends.selector import candidates, create, select
+from ssindex.backends.names import BACKENDS, PHASES, parse_overrides
+from ssindex.backends.registry import FACTORIES, create
+from ssindex.backends.selector import candidates, select
 from ssindex.config import ChunkConfig
 from ssindex.errors import BackendUnavailable, ConfigError
 from ssindex.records import SourceFile
@@ -113,6 +114,7 @@ def test_every_backend_auto_mode_or_calibration_can_pick_is_a_valid_choice() -> 
     named |= set(runnable_backends(machine))
     for name in sorted(named):
         assert parse_overrides([f"embed_query={name}"]) == {"embed_query": name}
+    assert set(FACTORIES) == set(BACKENDS)  # every valid name has a factory, and no more
 
 
 def test_cli_explicit_cuda_fails_cleanly(tmp_path: Path) -> None:

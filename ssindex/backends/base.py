@@ -8,13 +8,31 @@ short chunks are not padded to the longest one) and L2 normalization.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
 from ssindex.backends.model import ModelSpec
-from ssindex.errors import BackendExecutionError
+from ssindex.errors import BackendExecutionError, map_exceptions
+
+
+@functools.cache
+def runtime_errors() -> tuple[type[Exception], ...]:
+    """What the runtimes raise when they cannot run here or fail on a batch: torch's
+    ``RuntimeError`` and its kin (and the ``AssertionError`` of a CPU build asked for
+    CUDA: "Torch not compiled with CUDA enabled"), ONNX Runtime's own classes (they
+    derive from ``Exception`` alone), and missing files, libraries or memory."""
+    found: list[type[Exception]] = [RuntimeError, OSError, ImportError, ValueError,
+                                    MemoryError, NotImplementedError, AssertionError]
+    try:
+        from onnxruntime.capi import onnxruntime_pybind11_state as ort
+    except ImportError:
+        return tuple(found)
+    found += [kind for kind in vars(ort).values()
+              if isinstance(kind, type) and issubclass(kind, Exception)]
+    return tuple(found)
 
 
 class EmbeddingBackend(Protocol):
@@ -72,10 +90,9 @@ class Encoder:
             mask[row, : len(seq)] = 1
         self.stats.tokens += int(mask.sum())
         self.stats.padded_tokens += mask.size
-        try:
+        with map_exceptions({runtime_errors(): lambda exc: BackendExecutionError(
+                f"{self.backend.name} failed to encode: {exc}")}):
             vectors = self.backend.forward(input_ids, mask)
-        except Exception as exc:
-            raise BackendExecutionError(f"{self.backend.name} failed to encode: {exc}") from exc
         if not np.all(np.isfinite(vectors)):
             raise BackendExecutionError(f"{self.backend.name} produced non-finite vectors")
         return vectors

@@ -14,11 +14,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ssindex.backends.base import EmbeddingBackend
+from ssindex.backends.base import EmbeddingBackend, runtime_errors
 from ssindex.backends.inventory import Inventory, detect
 from ssindex.backends.model import ModelSpec
 from ssindex.backends.names import PHASES
-from ssindex.errors import BackendUnavailable, ConfigError
+from ssindex.backends.registry import create
+from ssindex.errors import BackendUnavailable, ConfigError, SsindexError, map_exceptions
 from ssindex.util.dirs import config_dir
 
 CALIBRATION_FILE = "calibration.json"
@@ -133,50 +134,6 @@ def candidates(phase: str, inventory: Inventory,
     return order
 
 
-def create(name: str, model: ModelSpec, inventory: Inventory) -> EmbeddingBackend:
-    """Instantiate backend ``name`` or raise ``BackendUnavailable`` saying what is missing."""
-    from ssindex.backends.torch_backend import TorchBackend
-
-    if name.startswith("torch-cpu"):
-        precision = name.removeprefix("torch-cpu").lstrip("-") or (
-            "bf16" if inventory.bf16_fast else "fp32")
-        return TorchBackend(model, "cpu", precision)
-    if name == "torch-cuda":
-        if not inventory.cuda_devices:
-            cuda = inventory.runtimes.get("torch", {}).get("cuda_build")
-            raise BackendUnavailable(
-                f"torch-cuda: no CUDA device visible to torch (torch CUDA build: {cuda or 'none'});"
-                " run on an NVIDIA GPU machine with a CUDA build of torch"
-            )
-        return TorchBackend(model, "cuda", "bf16")
-    if name == "torch-mps":
-        if not inventory.mps:
-            raise BackendUnavailable("torch-mps: needs Apple silicon with macOS ≥ 12.3")
-        return TorchBackend(model, "mps", "fp16")
-    if name.startswith("onnx-"):
-        try:
-            import onnxruntime  # noqa: F401
-        except ImportError as exc:
-            raise BackendUnavailable(f"{name}: onnxruntime is not installed") from exc
-        from ssindex.backends.onnx_backend import OnnxBackend
-
-        hints = {"onnx-cuda": "install ssindex[cuda] (onnxruntime-gpu in place of onnxruntime) "
-                              "on a machine with an NVIDIA GPU and CUDA 12",
-                 "onnx-coreml": "CoreMLExecutionProvider exists only in onnxruntime on macOS"}
-        try:
-            if name == "onnx-cpu-int8":
-                return OnnxBackend(model, "cpu", int8_weights=True)
-            return OnnxBackend(model, name.removeprefix("onnx-"))
-        except BackendUnavailable as exc:
-            hint = hints.get(name)
-            raise BackendUnavailable(f"{name}: {exc}" + (f"; {hint}" if hint else "")) from exc
-    if name == "coreml":
-        from ssindex.backends.coreml_backend import CoreMLBackend
-
-        return CoreMLBackend(model)
-    raise ConfigError(f"unknown backend {name!r}")
-
-
 def probe(backend: EmbeddingBackend) -> None:
     """Run one tiny batch; raises when the backend cannot really compute."""
     import numpy as np
@@ -197,20 +154,18 @@ def select(
     """Choose, create and probe the backend for ``phase``."""
     inventory = inventory or detect()
     if explicit:
-        try:
+        with map_exceptions({runtime_errors(): lambda exc: BackendUnavailable(
+                f"{explicit}: {exc}")}):
             backend = create(explicit, model, inventory)
             probe(backend)
-        except BackendUnavailable:
-            raise
-        except Exception as exc:
-            raise BackendUnavailable(f"{explicit}: {exc}") from exc
         return Selection(phase, explicit, "explicitly requested", backend)
     failures: list[str] = []
+    expected: tuple[type[Exception], ...] = (SsindexError, *runtime_errors())
     for name, reason in candidates(phase, inventory, load_calibration(inventory)):
         try:
             backend = create(name, model, inventory)
             probe(backend)
-        except Exception as exc:  # auto mode: any failure means "try the next one"
+        except expected as exc:  # auto mode: a backend that cannot run yields to the next
             failures.append(f"{name} unavailable: {exc}")
             if warn is not None:
                 warn(f"{phase}: {name} could not run ({exc}); falling back")

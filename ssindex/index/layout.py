@@ -30,7 +30,7 @@ from typing import Any
 import pyarrow as pa
 import xxhash
 
-from ssindex.errors import IndexCorrupt, IndexNotFound, IndexNotWritable
+from ssindex.errors import IndexCorrupt, IndexNotFound, IndexNotWritable, map_exceptions
 from ssindex.util.fsio import atomic_file, atomic_write_bytes
 
 FORMAT_VERSION = 1
@@ -159,11 +159,12 @@ class IndexDir:
         """The chunks table, pinned at ``version`` (default: HEAD's)."""
         if version is None:
             version = self.read_head().table_version
-        try:
+        # Lance reports a missing table or version, or damaged files, as plain
+        # ValueError/OSError/RuntimeError variants
+        with map_exceptions({(ValueError, OSError, RuntimeError): lambda exc: IndexCorrupt(
+                f"cannot open {TABLE} v{version} in {self.path}: {exc}")}):
             table = self.connect().open_table(TABLE)
             table.checkout(version)
-        except Exception as exc:  # Lance raises plain ValueError/OSError variants
-            raise IndexCorrupt(f"cannot open {TABLE} v{version} in {self.path}: {exc}") from exc
         return table
 
     def write_manifest(self, name: str, table: pa.Table) -> str:

@@ -3,32 +3,24 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 
-from ssindex.backends.base import EncodeStats
 from ssindex.backends.model import ModelSpec
 from ssindex.config import BuildConfig
 from ssindex.errors import IndexCorrupt
-from ssindex.index.abstention import Thresholds
 from ssindex.index.layout import (
-    FORMAT_VERSION,
-    MANIFEST_SCHEMA,
     IndexDir,
     default_index_path,
-    now_iso,
 )
 from ssindex.index.lock import BuildLock
 from ssindex.index.remote import RemoteIndex, is_remote, resolve_index
-from ssindex.index.search_files import SEARCH_FILES_VERSION
 from ssindex.index.table import TableWriter
-from ssindex.pipeline.commit import HEAD_FILES, build_stats, search_files_of
+from ssindex.pipeline.commit import Outcome, Started, commit
 from ssindex.pipeline.encoder import LazyEncoder
 from ssindex.pipeline.engines.common import RunStats
 from ssindex.pipeline.engines.local import run_local
@@ -75,105 +67,80 @@ def build(
 ) -> dict[str, Any]:
     """Index ``root`` into ``index_path`` (default ``root/.ssindex``); returns build stats.
 
-    ``ray`` runs the stages on a Ray cluster instead of this process (``ray_engine``).
-    ``index_path`` may be an object-store URI (``s3://bucket/prefix``): the build runs
-    against a local mirror, then uploads it (``ssindex.index.remote``)."""
+    ``ray`` runs the stages on a Ray cluster instead of this process
+    (``engines.ray_driver``). ``index_path`` may be an object-store URI
+    (``s3://bucket/prefix``): the build runs against a local mirror, then uploads it
+    (``ssindex.index.remote``)."""
     if index_path is not None and is_remote(index_path):
         remote = RemoteIndex(str(index_path))
         result = build(root, remote.pull(), config, backend_overrides, progress, ray)
         remote.push()
         return result | {"index": remote.uri}
-    started = time.perf_counter()
-    walk_started_ns = time.time_ns()
+    started = Started()
     cfg = config or BuildConfig()
     progress = progress or SilentProgress()
-    overrides = dict(cfg.backends) | (backend_overrides or {})
+    explicit = (dict(cfg.backends) | (backend_overrides or {})).get("embed_bulk")
     root = check_root(Path(root))
     index = IndexDir(Path(index_path) if index_path else default_index_path(root))
     index.ensure_writable()
     with _cluster(ray), BuildLock(index.path, warn=progress.message):
         model = ModelSpec.resolve(cfg.embed.model)
         previous = _previous(index, cfg, model, progress)
-        explicit = overrides.get("embed_bulk")
-        # under Ray the actors embed; this process only embeds abstention probes, on the
-        # query backend, and the actors' hardware may not be this machine's
-        encoder = LazyEncoder(model, cfg, None if ray else explicit, progress,
-                              incremental=ray is not None or (
-                                  previous is not None and previous.chunks_reusable))
-        if explicit and not ray:
-            encoder.load()  # an explicit backend that cannot run fails before any work
-        model_key = f"{model.fingerprint}:{cfg.embed.max_tokens}"
-        staging = Staging(index.path, model_key)
-        if staging.load():
-            progress.message("resuming: reusing vectors checkpointed by an interrupted build")
-
-        def reuse(keys: list[str]) -> dict[str, np.ndarray]:
-            found = previous.vectors(keys) if previous else {}
-            return found | staging.lookup([key for key in keys if key not in found])
-
-        plan = BuildPlan(root, index.path, cfg, encoder, model_key, reuse,
-                         previous if previous is not None and previous.chunks_reusable else None,
-                         checkpoint=staging.checkpoint, on_change=encoder.prepare)
-        stats = RunStats()
+        plan, encoder, staging = _plan(root, index, cfg, model, previous, explicit, progress,
+                                       ray)
         writer = TableWriter(index, previous.head if previous else None)
-        write_started = time.perf_counter()
-        encode: EncodeStats | None
-        if ray is not None:
-            from ssindex.pipeline.engines.ray_driver import run_ray
-
-            version, backend, encode = run_ray(plan, stats, progress, writer, previous, explicit,
-                                               model, ray)
-            write_seconds = stats.clock.inclusive["write"]
-        else:
-            version = writer.write(run_local(plan, stats, progress),
-                                   previous.digests if previous else {}, stats.row_ids)
-            write_seconds = time.perf_counter() - write_started - stats.clock.inclusive.get(
-                "quantize", 0.0)
-            backend = encoder.report()
-            encode = encoder.stats if encoder.selection is not None else None
-        manifest = index.write_manifest(
-            f"v{version}.arrow", pa.Table.from_pylist(stats.manifest, schema=MANIFEST_SCHEMA))
-        kept = previous.head.data if previous is not None else {}
-        current = kept.get("search_files") == SEARCH_FILES_VERSION
-        if current and writer.rows_written == writer.rows_deleted == 0:
-            # same rows: the search files and thresholds of the previous build still hold
-            files = {name: kept[name] for name in HEAD_FILES[1:]}
-            thresholds = Thresholds(**kept["abstention"])
-        else:
-            files, thresholds = search_files_of(index, version, encoder, model_key, kept,
-                                              writer.changes if current else None)
-        result = build_stats(stats, encode, backend, model, cfg, write_seconds, writer, previous)
-        result["engine"] = "ray" if ray is not None else "local"
-        result["wall_seconds"] = round(time.perf_counter() - started, 3)
-        index.write_head({
-            "format_version": FORMAT_VERSION,
-            "table_version": version,
-            "manifest": manifest,
-            "root": str(root),
-            "built_at": now_iso(),
-            "walk_started_ns": walk_started_ns,
-            "model": {"name": model.name, "id": model.model_id, "path": str(model.path),
-                      "fingerprint": model.fingerprint, "dim": model.dim,
-                      "max_tokens": cfg.embed.max_tokens},
-            "quantization": cfg.quantization,
-            "settings": {"fingerprint": settings_fingerprint(cfg, model),
-                         "config": dataclasses.asdict(cfg)},
-            **files,
-            "search_files": SEARCH_FILES_VERSION,
-            "abstention": thresholds.as_json(),
-            "files": result["files_indexed"],
-            "chunks": result["chunks_total"],
-            "stats": result,
-        })
-        writer.cleanup()
-        # readers may still be pinned to the previous head: its files stay too
-        heads = [kept, {"manifest": manifest, **files}]
-        index.prune_manifests(keep={head[key] for head in heads for key in HEAD_FILES
-                                    if key in head})
+        outcome = _execute(plan, encoder, writer, previous, explicit, model, progress, ray)
+        result = commit(index, plan, outcome, writer, previous, model, started)
         staging.clear()
-    result["index"] = str(index.path)
-    result["table_version"] = version
-    return result
+    return result | {"index": str(index.path), "table_version": outcome.version}
+
+
+def _plan(root: Path, index: IndexDir, cfg: BuildConfig, model: ModelSpec,
+          previous: PreviousIndex | None, explicit: str | None, progress: Progress,
+          ray: RayOptions | None) -> tuple[BuildPlan, LazyEncoder, Staging]:
+    """The build's plan, its encoder, and the staging area its checkpoints go to."""
+    reusable = previous if previous is not None and previous.chunks_reusable else None
+    # under Ray the actors embed; this process only embeds abstention probes, on the
+    # query backend, and the actors' hardware may not be this machine's
+    encoder = LazyEncoder(model, cfg, None if ray else explicit, progress,
+                          incremental=ray is not None or reusable is not None)
+    if explicit and not ray:
+        encoder.load()  # an explicit backend that cannot run fails before any work
+    model_key = f"{model.fingerprint}:{cfg.embed.max_tokens}"
+    staging = Staging(index.path, model_key)
+    if staging.load():
+        progress.message("resuming: reusing vectors checkpointed by an interrupted build")
+
+    def reuse(keys: list[str]) -> dict[str, np.ndarray]:
+        found = previous.vectors(keys) if previous else {}
+        return found | staging.lookup([key for key in keys if key not in found])
+
+    plan = BuildPlan(root, index.path, cfg, encoder, model_key, reuse, reusable,
+                     checkpoint=staging.checkpoint, on_change=encoder.prepare)
+    return plan, encoder, staging
+
+
+def _execute(plan: BuildPlan, encoder: LazyEncoder, writer: TableWriter,
+             previous: PreviousIndex | None,
+             explicit: str | None, model: ModelSpec, progress: Progress,
+             ray: RayOptions | None) -> Outcome:
+    """Run the plan on its engine; the table version it committed and what ran it."""
+    stats = RunStats()
+    if ray is not None:
+        from ssindex.pipeline.engines.ray_driver import run_ray
+
+        version, backend, encode = run_ray(plan, stats, progress, writer, previous, explicit,
+                                           model, ray)
+        return Outcome("ray", version, stats, backend, encode, encoder,
+                       stats.clock.inclusive["write"])
+    write_started = time.perf_counter()
+    version = writer.write(run_local(plan, stats, progress),
+                           previous.digests if previous else {}, stats.row_ids)
+    write_seconds = time.perf_counter() - write_started - stats.clock.inclusive.get(
+        "quantize", 0.0)
+    return Outcome("local", version, stats, encoder.report(),
+                   encoder.stats if encoder.selection is not None else None, encoder,
+                   write_seconds)
 
 
 def _cluster(ray: RayOptions | None) -> contextlib.AbstractContextManager[Any]:
@@ -184,9 +151,3 @@ def _cluster(ray: RayOptions | None) -> contextlib.AbstractContextManager[Any]:
     from ssindex.pipeline.engines.ray_driver import ray_cluster
 
     return ray_cluster(ray)
-
-
-
-
-
-

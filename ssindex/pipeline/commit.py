@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -14,16 +17,79 @@ from ssindex.backends.selector import BackendReport
 from ssindex.codec import bytes_per_vector, stored_vectors
 from ssindex.config import BuildConfig
 from ssindex.index.abstention import Thresholds, calibrate, recalibrate
-from ssindex.index.layout import IndexDir
-from ssindex.index.search_files import update_search_files, write_search_files
+from ssindex.index.layout import FORMAT_VERSION, MANIFEST_SCHEMA, IndexDir, now_iso
+from ssindex.index.search_files import SEARCH_FILES_VERSION, update_search_files, write_search_files
 from ssindex.index.table import TableWriter
 from ssindex.pipeline.encoder import LazyEncoder
 from ssindex.pipeline.engines.common import RunStats
-from ssindex.pipeline.plan import STAGES
+from ssindex.pipeline.fingerprint import settings_fingerprint
+from ssindex.pipeline.plan import STAGES, BuildPlan
 from ssindex.pipeline.previous import PreviousIndex
 
 HEAD_FILES = ("manifest", "postings", "snapshot")
 """Keys of ``HEAD.json`` that name per-version manifests."""
+
+
+@dataclass(frozen=True)
+class Started:
+    """When a build started: its wall clock, and the walk's stat-trust reference."""
+
+    seconds: float = field(default_factory=time.perf_counter)
+    walk_ns: int = field(default_factory=time.time_ns)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What an engine did: the table version it committed, and how."""
+
+    engine: str
+    version: int
+    stats: RunStats
+    backend: BackendReport
+    encode: EncodeStats | None
+    encoder: LazyEncoder
+    write_seconds: float
+
+
+def commit(index: IndexDir, plan: BuildPlan, outcome: Outcome, writer: TableWriter,
+           previous: PreviousIndex | None, model: ModelSpec, started: Started,
+           ) -> dict[str, Any]:
+    """Write the version's manifest and search files, then move ``HEAD.json`` to it;
+    returns the build stats. Old versions and files no reader can hold are dropped."""
+    stats, version, cfg = outcome.stats, outcome.version, plan.config
+    manifest = index.write_manifest(
+        f"v{version}.arrow", pa.Table.from_pylist(stats.manifest, schema=MANIFEST_SCHEMA))
+    kept = previous.head.data if previous is not None else {}
+    current = kept.get("search_files") == SEARCH_FILES_VERSION
+    if current and writer.rows_written == writer.rows_deleted == 0:
+        # same rows: the search files and thresholds of the previous build still hold
+        files = {name: kept[name] for name in HEAD_FILES[1:]}
+        thresholds = Thresholds(**kept["abstention"])
+    else:
+        files, thresholds = search_files_of(index, version, outcome.encoder, plan.model_key,
+                                            kept, writer.changes if current else None)
+    result = build_stats(stats, outcome.encode, outcome.backend, model, cfg,
+                         outcome.write_seconds, writer, previous)
+    result["engine"] = outcome.engine
+    result["wall_seconds"] = round(time.perf_counter() - started.seconds, 3)
+    index.write_head({
+        "format_version": FORMAT_VERSION, "table_version": version, "manifest": manifest,
+        "root": str(plan.root), "built_at": now_iso(), "walk_started_ns": started.walk_ns,
+        "model": {"name": model.name, "id": model.model_id, "path": str(model.path),
+                  "fingerprint": model.fingerprint, "dim": model.dim,
+                  "max_tokens": cfg.embed.max_tokens},
+        "quantization": cfg.quantization,
+        "settings": {"fingerprint": settings_fingerprint(cfg, model),
+                     "config": dataclasses.asdict(cfg)},
+        **files, "search_files": SEARCH_FILES_VERSION, "abstention": thresholds.as_json(),
+        "files": result["files_indexed"], "chunks": result["chunks_total"], "stats": result,
+    })
+    writer.cleanup()
+    # readers may still be pinned to the previous head: its files stay too
+    heads = [kept, {"manifest": manifest, **files}]
+    index.prune_manifests(keep={head[key] for head in heads for key in HEAD_FILES
+                                if key in head})
+    return result
 
 
 def search_files_of(index: IndexDir, version: int, encoder: LazyEncoder, model_key: str,

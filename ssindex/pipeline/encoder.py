@@ -12,8 +12,7 @@ from ssindex.backends.base import Encoder, EncodeStats
 from ssindex.backends.inventory import detect
 from ssindex.backends.model import ModelSpec
 from ssindex.backends.selector import BackendReport, Selection, select
-from ssindex.codec import Quantization
-from ssindex.config import BuildConfig
+from ssindex.config import BuildConfig, Quantization
 from ssindex.pipeline.progress import Progress
 
 SMALL_EMBED_LIMIT = 256

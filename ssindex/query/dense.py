@@ -13,7 +13,8 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from ssindex.codec import Quantization, positive_mask, row_dots, stored_scores, stored_vectors
+from ssindex.codec import positive_mask, row_dots, stored_scores, stored_vectors
+from ssindex.config import Quantization
 from ssindex.query.fusion import Ranking
 from ssindex.util.arrays import binary_matrix, numeric_view
 

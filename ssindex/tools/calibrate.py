@@ -23,7 +23,8 @@ import numpy as np
 from ssindex.backends.base import Encoder
 from ssindex.backends.inventory import Inventory, detect
 from ssindex.backends.model import ModelSpec
-from ssindex.backends.selector import CALIBRATION_FILE, create, machine_key, probe
+from ssindex.backends.registry import create
+from ssindex.backends.selector import CALIBRATION_FILE, machine_key, probe
 from ssindex.config import ChunkConfig
 from ssindex.util.dirs import config_dir
 from ssindex.util.fsio import atomic_write_bytes

@@ -77,7 +77,22 @@ def _prefetch(items: Iterator[T], depth: int) -> Iterator[T]:
 def run_local(plan: BuildPlan, stats: RunStats, progress: Progress) -> Iterator[pa.RecordBatch]:
     """Yield record batches of the new or changed rows of the index, in path order."""
     clock = stats.clock
-    cfg = plan.config
+    handed = clock.timed("wait", _prefetch(_produce(plan, stats, progress), depth=8), None)
+    embedded = clock.timed("embed", embed(handed, plan.encoder, plan.model_key, stats.embed,
+                                          plan.reuse, plan.checkpoint), "wait")
+    for batch, codes, scales in clock.timed("quantize", quantize(embedded,
+                                                                 plan.config.quantization),
+                                            "embed"):
+        progress.advance("embed", len(batch))
+        record_batch = to_record_batch(batch, codes, scales, plan.model_key)
+        if record_batch is not None:
+            yield record_batch
+
+
+def _produce(plan: BuildPlan, stats: RunStats, progress: Progress,
+             ) -> Iterator[list[IndexedChunk]]:
+    """Walk, chunk and dedupe (the producer thread's part): batches of chunks to embed."""
+    clock, cfg, previous = stats.clock, plan.config, plan.previous
 
     def track_files(files: Iterable[SourceFile]) -> Iterator[SourceFile]:
         for source in files:
@@ -91,56 +106,46 @@ def run_local(plan: BuildPlan, stats: RunStats, progress: Progress) -> Iterator[
             progress.advance("chunk", len(rows))
             yield rows
 
-    def producer() -> Iterator[list[IndexedChunk]]:
-        previous = plan.previous
-        files = clock.timed("walk", track_files(walk(
-            plan.root, cfg.walk, stats.walk, plan.index_path,
-            previous.known if previous is not None else None)), None)
-        if previous is None:
-            per_file = clock.timed("chunk", chunk(files, cfg.chunk, stats.chunk), "walk")
-            batches = _rebatch(track_chunks(per_file), plan.batch_chunks)
-            yield from clock.timed("dedupe", dedupe(batches, cfg.dedupe, stats.dedupe), "chunk")
-            stats.row_ids.update(_chunk_ids(stats.manifest))
-            return
-        per_file = clock.timed("chunk", chunk(carry(files, previous), cfg.chunk, stats.chunk),
-                               "walk")
+    files = clock.timed("walk", track_files(walk(
+        plan.root, cfg.walk, stats.walk, plan.index_path,
+        previous.known if previous is not None else None)), None)
+    if previous is None:
+        per_file = clock.timed("chunk", chunk(files, cfg.chunk, stats.chunk), "walk")
+        batches = _rebatch(track_chunks(per_file), plan.batch_chunks)
+        yield from clock.timed("dedupe", dedupe(batches, cfg.dedupe, stats.dedupe), "chunk")
+        stats.row_ids.update(_chunk_ids(stats.manifest))
+        return
+    per_file = clock.timed("chunk", chunk(_carry(plan, files, previous, stats, progress),
+                                          cfg.chunk, stats.chunk), "walk")
 
-        def replay() -> Iterator[Changes]:
-            fresh = [row for rows in track_chunks(per_file) for row in rows]
-            order = _chunk_ids(stats.manifest)
-            stats.row_ids.update(order)
-            yield dedupe_changes(fresh, order, cfg.dedupe, stats.dedupe, previous)
+    def replay() -> Iterator[Changes]:
+        fresh = [row for rows in track_chunks(per_file) for row in rows]
+        order = _chunk_ids(stats.manifest)
+        stats.row_ids.update(order)
+        yield dedupe_changes(fresh, order, cfg.dedupe, stats.dedupe, previous)
 
-        replayed, settled = next(clock.timed("dedupe", replay(), "chunk"))
-        stats.embed.reused += settled
-        progress.advance("embed", stats.chunk.chunks - len(replayed))
-        yield from _rebatch([replayed], plan.batch_chunks)
+    replayed, settled = next(clock.timed("dedupe", replay(), "chunk"))
+    stats.embed.reused += settled
+    progress.advance("embed", stats.chunk.chunks - len(replayed))
+    yield from _rebatch([replayed], plan.batch_chunks)
 
-    def carry(files: Iterable[SourceFile], previous: StoredChunks) -> Iterator[SourceFile]:
-        """The files to chunk; unchanged ones are only recorded, with their stored chunk ids."""
-        changed = False
-        for source in files:
-            ids = previous.carried(source)
-            if ids is None:
-                if not changed and plan.on_change is not None:
-                    plan.on_change()
-                changed = True
-                read = reread(plan.root, source, cfg.walk, stats.walk)
-                if read is not None:
-                    yield read
-                continue
-            stats.chunk.files += 1
-            stats.chunk.files_unchanged += 1
-            stats.chunk.chunks += len(ids)
-            stats.manifest.append(manifest_entry(source, ids))
-            progress.advance("chunk", len(ids))
 
-    handed = clock.timed("wait", _prefetch(producer(), depth=8), None)
-    embedded = clock.timed("embed", embed(handed, plan.encoder, plan.model_key, stats.embed,
-                                          plan.reuse, plan.checkpoint), "wait")
-    for batch, codes, scales in clock.timed("quantize", quantize(embedded, cfg.quantization),
-                                            "embed"):
-        progress.advance("embed", len(batch))
-        record_batch = to_record_batch(batch, codes, scales, plan.model_key)
-        if record_batch is not None:
-            yield record_batch
+def _carry(plan: BuildPlan, files: Iterable[SourceFile], previous: StoredChunks,
+           stats: RunStats, progress: Progress) -> Iterator[SourceFile]:
+    """The files to chunk; unchanged ones are only recorded, with their stored chunk ids."""
+    changed = False
+    for source in files:
+        ids = previous.carried(source)
+        if ids is None:
+            if not changed and plan.on_change is not None:
+                plan.on_change()
+            changed = True
+            read = reread(plan.root, source, plan.config.walk, stats.walk)
+            if read is not None:
+                yield read
+            continue
+        stats.chunk.files += 1
+        stats.chunk.files_unchanged += 1
+        stats.chunk.chunks += len(ids)
+        stats.manifest.append(manifest_entry(source, ids))
+        progress.advance("chunk", len(ids))

@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import re
 import time
 from collections.abc import Iterator
 from dataclasses import asdict
@@ -32,11 +31,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ssindex import errors
 from ssindex.backends.base import EncodeStats
 from ssindex.backends.model import ModelSpec
 from ssindex.backends.selector import BackendReport
-from ssindex.errors import EngineUnavailable, SsindexError
+from ssindex.errors import ERRORS, EngineUnavailable, map_exceptions
 from ssindex.index.layout import CHUNK_SCHEMA
 from ssindex.index.table import TableWriter
 from ssindex.pipeline.engines.common import RunStats, manifest_entry
@@ -54,6 +52,7 @@ from ssindex.pipeline.engines.ray_tasks import (
     dedupe_group,
     dedupe_keys,
     explode_chunks,
+    preflight,
     select_rows,
     write_fragments,
 )
@@ -113,13 +112,14 @@ def ray_cluster(options: RayOptions) -> Iterator[Any]:
     if ray.is_initialized():
         yield ray
         return
-    try:
+    # an unreachable or refusing cluster: ConnectionError, TimeoutError, a bad address
+    # ValueError, a failed local start RuntimeError
+    with map_exceptions({(OSError, ValueError, RuntimeError): lambda exc: EngineUnavailable(
+            f"cannot start or reach a Ray cluster: {exc}")}):
         ray.init(address=options.address, include_dashboard=False, log_to_driver=False,
                  logging_level=logging.ERROR, configure_logging=False,
                  runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1",
                                            "TOKENIZERS_PARALLELISM": "false"}})
-    except Exception as exc:
-        raise EngineUnavailable(f"cannot start or reach a Ray cluster: {exc}") from exc
     try:
         yield ray
     finally:
@@ -135,28 +135,8 @@ def run_ray(plan: BuildPlan, stats: RunStats, progress: Progress, writer: TableW
         context = ray.data.DataContext.get_current()
         context.print_on_execution_start = False
         logging.getLogger("ray.data").setLevel(logging.ERROR)
-        try:
-            return _Run(ray, plan, stats, progress, previous, model, options).execute(
-                writer, explicit)
-        except Exception as exc:
-            raise _user_error(exc) or exc from None
-
-
-def _user_error(exc: BaseException) -> SsindexError | None:
-    """The ssindex error (an explicit backend that cannot run on an actor, say) that a
-    Ray task raised, rebuilt so the CLI reports it in one line. Ray Data keeps only the
-    remote traceback's text, so the error is read back from its last line."""
-    found = _REMOTE_ERROR.findall(str(exc))
-    if not found:
-        return None
-    name, message = found[-1]
-    kind = getattr(errors, name, None)
-    if isinstance(kind, type) and issubclass(kind, SsindexError):
-        return kind(message)
-    return None
-
-
-_REMOTE_ERROR = re.compile(r"ssindex\.errors\.(\w+): (.+)")
+        return _Run(ray, plan, stats, progress, previous, model, options).execute(
+            writer, explicit)
 
 
 class _Run:
@@ -326,6 +306,8 @@ class _Run:
         previous = self.previous
         reuse = (str(self.plan.index_path), previous.head.table_version,
                  previous.head.quantization) if previous and previous.vectors_reusable else None
+        if explicit:  # a backend the actors cannot run fails here, as a local build's does
+            self._preflight(explicit, cpus_per_actor, gpus_per_actor)
         embedded = rows.map_batches(
             EmbedActor, batch_format="pyarrow", num_cpus=cpus_per_actor,
             compute=self.ray.data.ActorPoolStrategy(size=actors),
@@ -350,6 +332,15 @@ class _Run:
             self.encode.texts += fresh
         self.progress.advance("embed", self.stats.chunk.chunks)
         return embedded.drop_columns([name for name, _ in ACTOR_COLUMNS]).materialize(), backends
+
+    def _preflight(self, explicit: str, cpus: float, gpus: float) -> None:
+        """Create and probe ``explicit`` in a task holding an actor's resources. Ray Data
+        reports an actor's failure as text alone (its traceback), so the task returns
+        the error as data and it is raised again here, whole."""
+        task = self.ray.remote(preflight).options(num_cpus=cpus, num_gpus=gpus or None)
+        failure = self.ray.get(task.remote(str(self.model.path), explicit))
+        if failure:
+            raise ERRORS[failure["error"]](failure["message"])
 
     def _copy_duplicates(self, rows: Any, embedded: Any, needed: set[str]) -> Any:
         codes: dict[str, tuple[bytes, float]] = {}

@@ -15,8 +15,9 @@ import xxhash
 from ssindex.backends.base import Encoder
 from ssindex.backends.model import ModelSpec
 from ssindex.backends.selector import select
-from ssindex.codec import Quantization, quantize_matrix, stored_vectors
-from ssindex.config import ChunkConfig, DedupeConfig
+from ssindex.codec import quantize_matrix, stored_vectors
+from ssindex.config import ChunkConfig, DedupeConfig, Quantization
+from ssindex.errors import SsindexError
 from ssindex.index.layout import CHUNK_SCHEMA, IndexDir
 from ssindex.index.table import scan
 from ssindex.records import Chunk, IndexedChunk, SourceFile
@@ -170,6 +171,16 @@ batch's encode counts, on its first row (zeros elsewhere, so column sums are exa
 
 
 _EMBEDDED = pa.schema([*CHUNK_SCHEMA, *(pa.field(n, t) for n, t in ACTOR_COLUMNS)])
+
+
+def preflight(model: str, explicit: str) -> dict[str, str]:
+    """Create and probe backend ``explicit`` where an embedding actor would run: nothing
+    when it can, else the ssindex error it raised, as data (``errors.ERRORS``)."""
+    try:
+        select("embed_bulk", ModelSpec.resolve(model), explicit)
+    except SsindexError as exc:
+        return {"error": type(exc).__name__, "message": str(exc)}
+    return {}
 
 
 class EmbedActor:
