@@ -252,13 +252,10 @@ def calibrate(as_json: JsonOpt = False) -> None:
     record = run_calibration()
     if as_json:
         _emit(record)
-        return
-    out = Console()
-    for name, figure in record["figures"].items():
-        out.print(f"[bold]{name:<16}[/]{escape(str(figure))}")
-    for phase, winner in record["phases"].items():
-        out.print(f"[green]{phase}[/] → {winner['backend']} ({winner['figure']})")
-    out.print(f"stored in {escape(record['stored_at'])}")
+    else:
+        from ssindex.tools.report import calibration_text
+
+        Console().print(calibration_text(record))
 
 
 @app.command()

@@ -168,6 +168,8 @@ class IndexDir:
         return table
 
     def write_manifest(self, name: str, table: pa.Table) -> str:
+        """Write an Arrow file of ``manifests/`` atomically: a version's build manifest,
+        and its search files and postings alike (``prune_manifests`` keeps them)."""
         import pyarrow.ipc as ipc
 
         # written straight to the file: the search files of a 62k-chunk index are ~120 MB

@@ -63,7 +63,7 @@ class TableWriter:
 
     def commit_fragments(self, fragments: list[str]) -> int:
         """Commit Lance fragments written by workers (JSON metadata) as one new version
-        that replaces the table; returns the version after the text indexes."""
+        that replaces the table; returns the new version."""
         import lance
         from lance.fragment import FragmentMetadata
 

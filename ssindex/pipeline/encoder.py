@@ -1,4 +1,11 @@
-"""The build's lazy encoder: no model is loaded until a chunk needs a vector."""
+"""The build's lazy encoder: no model is loaded until a chunk needs a vector.
+
+Four notions meet here, from the runtime up: an ``EmbeddingBackend`` runs one forward
+pass; an ``Encoder`` tokenizes, batches and normalizes over a backend; a
+``TextEncoder`` is what the embed stage asks for (texts in, vectors out); and
+``LazyEncoder`` is the build's ``TextEncoder``, which picks and loads a backend on
+first use.
+"""
 
 from __future__ import annotations
 

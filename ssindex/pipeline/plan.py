@@ -1,7 +1,10 @@
 """The build as data: which stages run, in which order, with which settings.
 
-Engines (``local``, ``ray``) turn a ``BuildPlan`` into execution.
-Stages never import an engine.
+Both engines (``engines.local``, ``engines.ray_driver``) read one ``BuildPlan`` and
+turn it into execution; stages never import an engine. The Ray engine reads the
+plan's tree, settings, model key and previous chunks; its actors embed with their
+own encoders and find reusable vectors in the previous table themselves, so
+``encoder``, ``reuse`` and ``checkpoint`` serve the local engine alone.
 """
 
 from __future__ import annotations

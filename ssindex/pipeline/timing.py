@@ -33,6 +33,13 @@ class StageClock:
             self.inclusive[name] += time.perf_counter() - start
             yield item
 
+    def lap(self, name: str, started: float) -> float:
+        """Add the time since ``started`` to stage ``name`` (a stage that runs as one
+        step, as the Ray engine's do); returns now, the next stage's start."""
+        now = time.perf_counter()
+        self.inclusive[name] = self.inclusive.get(name, 0.0) + now - started
+        return now
+
     def exclusive(self) -> dict[str, float]:
         out = {}
         for name, total in self.inclusive.items():

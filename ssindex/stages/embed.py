@@ -28,6 +28,8 @@ from ssindex.records import Chunk, IndexedChunk
 
 
 class TextEncoder(Protocol):
+    """What the embed stage needs: unit vectors for texts (``pipeline.encoder``)."""
+
     def encode(self, texts: list[str]) -> np.ndarray: ...
 
 

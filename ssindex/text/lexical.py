@@ -1,9 +1,9 @@
 """Identifier-aware analysis for the lexical (BM25) leg.
 
-Lance FTS tokenizers stem English and drop stop words, and none that the
-Python API exposes splits ``camelCase``: poor for code. So ssindex analyzes
-text itself and indexes the result with Lance's plain whitespace tokenizer
-(no stemming, no stop words). An identifier yields itself, lower-cased, plus
+General full-text tokenizers stem English and drop stop words, and none splits
+``camelCase``: poor for code. So ssindex analyzes text itself, and its own BM25
+postings (``ssindex.index.postings``) index the result as whitespace-separated
+terms (no stemming, no stop words). An identifier yields itself, lower-cased, plus
 its parts: ``parseEmailAddress`` → ``parseemailaddress parse email address``
 and ``parse_email`` → ``parse_email parse email``. Queries go through the same
 analysis, so ``parseaddr``, ``parse addr`` and ``parse_addr`` all match.

@@ -151,6 +151,18 @@ def doctor_table(report: dict[str, Any]) -> Table:
     return _facts("ssindex doctor", rows)
 
 
+def calibration_text(record: dict[str, Any]) -> Text:
+    """``ssindex calibrate``'s figures per backend, the winner per phase, and where they
+    were stored."""
+    text = Text()
+    for name, figure in record["figures"].items():
+        text.append(f"{name:<16}", style="bold").append(f"{figure}\n")
+    for phase, winner in record["phases"].items():
+        text.append(phase, style="green").append(
+            f" → {winner['backend']} ({winner['figure']})\n")
+    return text.append(f"stored in {record['stored_at']}")
+
+
 def _facts(title: str, rows: list[tuple[str, str]]) -> Table:
     """A two-column table of named facts. Values are plain text, never rich markup: a
     reason such as "[fallback: …]" or "[Errno 20]" would be read as a style tag."""

@@ -148,34 +148,28 @@ class _Run:
         self.encode = EncodeStats()
         self.resources = ray.cluster_resources()
 
-    def _timed(self, stage: str, started: float) -> float:
-        now = time.perf_counter()
-        self.stats.clock.inclusive[stage] = self.stats.clock.inclusive.get(stage, 0.0) + (
-            now - started)
-        return now
-
     def execute(self, writer: TableWriter, explicit: str | None,
                 ) -> tuple[int, BackendReport, EncodeStats]:
         started = time.perf_counter()
         files, stored = self._walk()
-        started = self._timed("walk", started)
+        started = self.stats.clock.lap("walk", started)
         rows = self._chunk(files)
-        started = self._timed("chunk", started)
+        started = self.stats.clock.lap("chunk", started)
         if self.stats.chunk.chunks == 0:  # an empty tree: nothing to shuffle or embed
             return self._write_nothing(writer, started, "no chunks")
         rows, needed = self._dedupe(rows, stored)
-        started = self._timed("dedupe", started)
+        started = self.stats.clock.lap("dedupe", started)
         if rows is None:  # every file unchanged, every verdict kept
             return self._write_nothing(writer, started, "every vector reused")
         embedded, backends = self._embed(rows, explicit)
-        started = self._timed("embed", started)
+        started = self.stats.clock.lap("embed", started)
         records = embedded.union(self._copy_duplicates(rows, embedded, needed))
         if self.previous is None:
             version = self._commit_fragments(records, writer)
         else:
             version = writer.write(_record_batches(records), self.previous.digests,
                                    self.stats.row_ids)
-        self._timed("write", started)
+        self.stats.clock.lap("write", started)
         actors, cpus, gpus = self._actors()
         report = BackendReport.merged(
             [BackendReport.from_json(json.loads(chosen)) for chosen in sorted(backends)],
@@ -187,7 +181,7 @@ class _Run:
         """Commit no new rows (deleting those of removed files) without starting actors."""
         version = writer.write(iter(()), self.previous.digests if self.previous else {},
                                self.stats.row_ids)
-        self._timed("write", started)
+        self.stats.clock.lap("write", started)
         return version, BackendReport.unloaded(reason), self.encode
 
     def _walk(self) -> tuple[list[pa.Table], list[dict[str, Any]]]:

@@ -30,13 +30,11 @@ FILE_BITS = 24
 """A chunk's ordinal is ``file ordinal << 24 | position in file``: path order as one int."""
 
 
-CHUNK_ROW = pa.schema([
-    ("ordinal", pa.int64()), ("id", pa.string()), ("path", pa.string()),
-    ("language", pa.string()), ("start_line", pa.int32()), ("end_line", pa.int32()),
-    ("symbol", pa.string()), ("kind", pa.string()), ("text", pa.string()),
-    ("content_hash", pa.string()), ("file_hash", pa.string()), ("minhash", pa.binary()),
-    ("dup_of", pa.string()),
-])
+CHUNK_ROW = pa.schema([pa.field("ordinal", pa.int64()), *(CHUNK_SCHEMA.field(name) for name in (
+    "id", "path", "language", "start_line", "end_line", "symbol", "kind", "text",
+    "content_hash", "file_hash", "minhash", "dup_of"))])
+"""A chunk between the Ray stages: the stored row's fields it has so far (the index's
+``CHUNK_SCHEMA``), and its place in path order."""
 
 
 _CHUNK_FIELDS = [name for name in CHUNK_ROW.names if name not in ("ordinal", "minhash", "dup_of")]
