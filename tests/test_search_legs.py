@@ -100,7 +100,7 @@ def test_incremental_search_files_equal_rebuilt_ones(tmp_path: Path,
     def refuse(*_: Any) -> None:
         raise AssertionError("the rebuild recomputed the search files from the table")
 
-    monkeypatch.setattr("ssindex.pipeline.build.write_search_files", refuse)
+    monkeypatch.setattr("ssindex.pipeline.commit.write_search_files", refuse)
     build(root)
     index = IndexDir(root / ".ssindex")
     head = index.read_head().data
