@@ -150,6 +150,8 @@ def search(
     backend: BackendOpt = None,
     no_abstain: Annotated[bool, typer.Option(
         "--no-abstain", help="Always answer, even when the index has nothing relevant.")] = False,
+    explain: Annotated[bool, typer.Option(
+        "--explain", help="Show each result's leg scores and every ranking factor.")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Search an index."""
@@ -158,7 +160,7 @@ def search(
 
     overrides = parse_overrides(backend or [])
     searcher = Searcher(_index_for(index), overrides.get("embed_query"))
-    response = searcher.search(query, k=k, mode=mode, abstain=not no_abstain)
+    response = searcher.search(query, k=k, mode=mode, abstain=not no_abstain, explain=explain)
     if as_json:
         _emit(response.as_json())
         return
@@ -172,8 +174,18 @@ def search(
         out.print(f"[bold]{rank:>2}. {escape(hit['path'])}:{hit['start_line']}-"
                   f"{hit['end_line']}[/] [cyan]{escape(hit['kind'])} {escape(hit['symbol'])}[/]"
                   f"  [dim]{hit['score']:.4f}[/]")
+        if "explain" in hit:
+            out.print(explanation(hit["explain"]), markup=False, highlight=False)
         out.print(snippet(hit["text"]), markup=False, highlight=False)
         out.print()
+
+
+def explanation(data: dict[str, Any]) -> str:
+    """``--explain``'s line: the legs' scores, the fused score, then each factor."""
+    legs = ", ".join(f"{leg} {data[leg]:.4f}" if data[leg] is not None else f"{leg} -"
+                     for leg in ("dense", "lexical"))
+    factors = " ".join(f"×{value:g} {name}" for name, value in data["factors"].items())
+    return f"    [{legs}; fused {data['fused']:.4f}{'; ' + factors if factors else ''}]"
 
 
 def snippet(text: str, lines: int = 6, width: int = 200) -> str:

@@ -18,7 +18,7 @@ import numpy as np
 from ssindex.text.lexical import names_identifier
 
 RRF_K = 60
-LEXICAL_WEIGHT_NATURAL = 0.15
+LEXICAL_WEIGHT_NATURAL = 0.25
 LEXICAL_WEIGHT_IDENTIFIER = 0.6
 
 

@@ -31,6 +31,7 @@ from ssindex.index.remote import resolve_index
 from ssindex.index.search_files import SEARCH_FILES_VERSION
 from ssindex.query.dense import DenseLeg
 from ssindex.query.fusion import Hit, Ranking, fuse, lexical_weight
+from ssindex.query.ranking import Explanation, Ranker
 from ssindex.text.lexical import names_identifier, query_terms
 
 CANDIDATES = 100
@@ -75,6 +76,7 @@ class Searcher:
         self._encoder: Encoder | None = None
         self.dense = DenseLeg(self.rows, self.head.quantization,  # type: ignore[arg-type]
                               self.head.dim)
+        self.ranker = Ranker(self.rows)
         self._terms: TermStats | None = None
         self._postings: Postings | None = None
 
@@ -108,9 +110,10 @@ class Searcher:
         return self
 
     def search(self, query: str, k: int = 10, mode: str = "hybrid",
-               abstain: bool = True) -> SearchResponse:
+               abstain: bool = True, explain: bool = False) -> SearchResponse:
         """The top ``k`` chunks; none, with ``abstained`` set, when the index has nothing
-        to say (see ``ssindex.index.abstention``; ``abstain=False`` always answers)."""
+        to say (see ``ssindex.index.abstention``; ``abstain=False`` always answers).
+        ``explain`` adds each hybrid result's leg scores and ranking factors."""
         if mode not in SEARCH_MODES:
             raise ConfigError(f"unknown mode {mode!r} (modes: {', '.join(SEARCH_MODES)})")
         if k < 1:
@@ -120,6 +123,8 @@ class Searcher:
         started = time.perf_counter()
         depth = max(CANDIDATES, k)
         dense = lexical = _NOTHING
+        why: dict[int, Explanation] = {}
+        ranking_ms = 0.0
         lexical_leg: Future[Ranking] | None = None
         if mode != "lexical" and len(self.rows):
             vector = self.embed_query(query)
@@ -136,9 +141,17 @@ class Searcher:
         elif mode == "semantic":
             ranking = dense
         else:
-            ranking = fuse(dense, lexical, lexical_weight(query))
+            fused = fuse(dense, lexical, lexical_weight(query))
+            ranking_started = time.perf_counter()
+            ranking, why = self.ranker.rank(query, fused, k)
+            ranking_ms = (time.perf_counter() - ranking_started) * 1000
         ranked = self._fetch(ranking.hits(k))
+        if explain and mode == "hybrid" and not abstained:
+            for hit, row in zip(ranked, ranking.rows.tolist(), strict=True):
+                hit["explain"] = why[row].as_json(dense, lexical, row)
         elapsed = {"total": round((time.perf_counter() - started) * 1000, 2)}
+        if mode == "hybrid" and not abstained:
+            elapsed["ranking"] = round(ranking_ms, 3)
         backend = self._selection.as_json() if self._selection is not None else None
         return SearchResponse(query, mode, ranked, backend, elapsed, abstained)
 
