@@ -9,7 +9,7 @@ from ssindex.query.fusion import Ranking
 from ssindex.query.ranking import PRIORS, SAME_FILE_DECAY, Ranker, file_kinds, identifiers
 
 ROWS = [  # path, symbol, kind, text
-    ("src/router.ts", "createRouter", "function", "export function createRouter() {\n  return 1\n}"),
+    ("src/router.ts", "createRouter", "function", "export function createRouter() {\n  1\n}"),
     ("src/router.ts", "mergeRouters", "function", "function mergeRouters(a, b) {\n  return a\n}"),
     ("src/router.ts", "router", "module", "const x = 1\nconst y = 2"),
     ("src/__tests__/router.test.ts", "router.test", "module", "it('works', () => {})"),
