@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import json
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -67,12 +69,38 @@ def test_symlinks_outside_root_loops_and_dirs(tmp_path: Path) -> None:
     assert stats.skipped["symlink_dir"] == 1
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root reads files regardless of permissions")
-def test_unreadable_file_is_skipped(tmp_path: Path) -> None:
-    path = _write(tmp_path, "locked.py", "x = 1\n")
-    path.chmod(0)
-    files, stats = _walk(tmp_path)
-    assert files == [] and stats.skipped["unreadable"] == 1
+def _walk_unprivileged(root: Path) -> tuple[list[str], dict[str, int]]:
+    """The walk as this user, or, for root (who reads any file), in a child process that
+    has dropped to the unprivileged ``nobody`` (uid 65534)."""
+    if os.geteuid() != 0:
+        files, stats = _walk(root)
+        return files, dict(stats.skipped)
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child reports through the pipe
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            files, stats = _walk(root)
+            os.write(write, json.dumps([files, dict(stats.skipped)]).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        report = pipe.read()
+    os.waitpid(child, 0)
+    files, skipped = json.loads(report)
+    return files, skipped
+
+
+def test_unreadable_file_is_skipped() -> None:
+    with tempfile.TemporaryDirectory() as name:  # not tmp_path: its parents are root's alone
+        root = Path(name)
+        root.chmod(0o755)
+        _write(root, "locked.py", "x = 1\n").chmod(0)
+        _write(root, "open.py", "y = 2\n").chmod(0o644)
+        files, skipped = _walk_unprivileged(root)
+    assert files == ["open.py"] and skipped["unreadable"] == 1
 
 
 def test_non_utf8_file_name_is_skipped(tmp_path: Path) -> None:
