@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import platform
 import random
 import shutil
 import sysconfig
@@ -15,6 +16,15 @@ from ssindex.stages.embed import embedding_text
 from ssindex.stages.walk import WalkStats, walk
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
+
+
+def cpu_label() -> str:
+    """This machine's CPU model, marked when it has AMX (the figures differ by kind)."""
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    for line in info.splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip() + (" (AMX)" if "amx_bf16" in info else "")
+    return platform.processor() or "unknown"
 
 
 def stdlib_chunk_texts(count: int, seed: int = 0) -> list[str]:

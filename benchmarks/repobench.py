@@ -16,11 +16,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import platform
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _corpus import cpu_label
 
 from ssindex import build
 from ssindex.query.fusion import fuse, lexical_weight
@@ -32,14 +35,6 @@ BASELINE = "hybrid_unranked"
 """Hybrid without the ranking stage: the same legs fused, cut at 10 (the baseline)."""
 CATEGORIES = ("architecture", "semantic", "symbol")
 PEERS = ("semble", "coderankembed_hybrid", "coderankembed", "bm25")
-
-
-def _cpu() -> str:
-    info = Path("/proc/cpuinfo").read_text()
-    for line in info.splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip() + (" (AMX)" if "amx_bf16" in info else "")
-    return platform.processor() or "unknown"
 
 
 def _same_path(chunk: str, target: str) -> bool:
@@ -136,7 +131,7 @@ def main() -> None:
         per_repo[name].update({peer: peers[name][peer] for peer in PEERS if peer in peers[name]})
     columns = [*MODES, BASELINE, *PEERS]
     summary = {column: _macro(per_repo, column) for column in columns}
-    report = {"cpu": _cpu(), "repos": per_repo, "macro": summary}
+    report = {"cpu": cpu_label(), "repos": per_repo, "macro": summary}
     if args.json:
         print(json.dumps(report, indent=1))
         return

@@ -76,6 +76,9 @@ def build(
     backend: BackendOpt = None,
     as_json: JsonOpt = False,
     no_progress: Annotated[bool, typer.Option("--no-progress")] = False,
+    allow_secrets: Annotated[bool, typer.Option(
+        "--allow-secrets", help="Index secret files and values as they are (default: skip "
+        "key and credential files, redact tokens and passwords).")] = False,
     check: Annotated[bool, typer.Option(
         "--check", help="Build nothing: exit 1 if the index is stale, 0 if current.")] = False,
     engine: Annotated[str, typer.Option(
@@ -98,6 +101,8 @@ def build(
     cfg = _quantized(load_config(config), quantize)
     if model is not None:
         cfg = replace(cfg, embed=replace(cfg.embed, model=model))
+    if allow_secrets:
+        cfg = replace(cfg, walk=replace(cfg.walk, allow_secrets=True))
     overrides = parse_overrides(backend or [])
     if engine not in ("local", "ray"):
         raise ConfigError("--engine must be local or ray")

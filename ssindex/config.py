@@ -29,6 +29,9 @@ class WalkConfig:
     line: one chunk each (chunks end on line ends), of no use to search. 0 keeps them.
     No file of the standard library or of this machine's installed packages' sources
     (~70k text files) that is not data averages over 1,000."""
+    allow_secrets: bool = False
+    """Index secret files and values as they are (``ssindex.text.secrets``), instead of
+    skipping the files and redacting the values."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,8 +108,10 @@ def _section(cls: type, values: dict[str, Any], name: str) -> Any:
         default = getattr(cls(), key)
         if isinstance(default, tuple):
             value = tuple(value)
-        elif (isinstance(default, bool) or not isinstance(value, type(default))) and not (
-                isinstance(default, float) and isinstance(value, int)):
+        elif (isinstance(default, bool) != isinstance(value, bool)
+              or not isinstance(value, type(default))) and not (
+                isinstance(default, float) and isinstance(value, int | float)
+                and not isinstance(value, bool)):
                 raise ConfigError(
                     f"[{name}] {key} must be {type(default).__name__}, got {value!r}"
                 )

@@ -27,6 +27,8 @@ class SourceFile:
     read: bool = True
     """False when the walk trusted the previous manifest instead of reading the file
     (same size, mtime, ctime and inode): ``text`` is then empty (``walk.reread``)."""
+    secrets: int = 0
+    """Secret values redacted from ``text`` (``ssindex.text.secrets``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +72,8 @@ class Stamp(NamedTuple):
     ctime_ns: int
     inode: int
     content_hash: str
+    secrets: int = 0
+    """Secret values the build that read the file redacted from it."""
 
     def matches(self, st: os.stat_result) -> bool:
         """Whether ``st`` is the stat recorded here (git's bet: any write moves the ctime)."""

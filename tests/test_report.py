@@ -38,12 +38,14 @@ def test_summary_table_renders_build_stats() -> None:
         "backends": {"embed_bulk": {"backend": "torch-cpu", "device": "cpu", "dtype": "fp32",
                                     "reason": "cpu"}},
         "model": "m", "stage_seconds": {"walk": 0.1}, "wall_seconds": 1.0, "index": "/i",
-        "table_version": 3,
+        "table_version": 3, "secrets_allowed": False, "secrets_redacted": 3,
+        "secrets_redacted_now": {"github_token": 1},
     }
     out = io.StringIO()
     Console(file=out, width=160).print(summary_table(stats))
     assert "2 indexed of 3 seen" in out.getvalue() and "binary 1" in out.getvalue()
     assert "1 changed, 0 new, 2 removed, 1 read" in out.getvalue()
+    assert "0 files skipped, 3 values redacted (this build: github_token 1)" in out.getvalue()
 
 
 def test_search_snippets_cut_long_lines_and_keep_short_ones() -> None:

@@ -69,6 +69,7 @@ MANIFEST_SCHEMA = pa.schema([
     ("chunk_ids", pa.list_(pa.string())),
     ("ctime_ns", pa.int64()),
     ("inode", pa.int64()),
+    ("secrets_redacted", pa.int32()),
 ])
 
 
@@ -221,8 +222,13 @@ class IndexDir:
 def status_data(index_path: Path) -> dict[str, Any]:
     """What an index holds and how it was built (``ssindex status``, MCP ``status``)."""
     head = IndexDir(index_path).read_head().data
+    stats = head.get("stats", {})
     return {
         "index": str(index_path), "files": head["files"], "chunks": head["chunks"],
+        "files_skipped": stats.get("files_skipped", {}),
+        "secrets": "allowed" if stats.get("secrets_allowed") else
+        f"{stats.get('files_skipped', {}).get('secret', 0)} files skipped, "
+        f"{stats.get('secrets_redacted', 0)} values redacted",
         "model": head["model"]["id"], "quantization": head["quantization"],
         "index_version": FORMAT_VERSION, "table_version": head["table_version"],
         "built_at": head["built_at"], "root": head["root"],

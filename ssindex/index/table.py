@@ -25,9 +25,12 @@ the table has more fragments than this."""
 class TableWriter:
     """Commits the rows of one build as a diff against the committed version."""
 
-    def __init__(self, index: IndexDir, previous: Head | None) -> None:
+    def __init__(self, index: IndexDir, previous: Head | None, purge: bool = False) -> None:
         self.index = index
-        self.previous = previous
+        self.previous = None if purge else previous
+        self.purge = purge
+        """Write the table anew and keep no older version or file (``cleanup``): the
+        previous versions hold what must go (secrets a tightened rule now redacts)."""
         self.rows_written = 0
         self.rows_deleted = 0
         self.changes: tuple[pa.Table, set[str]] | None = None
@@ -85,11 +88,14 @@ class TableWriter:
                 yield out
 
     def cleanup(self) -> None:
-        """Drop versions older than an hour; readers pinned to recent ones are safe."""
+        """Drop versions older than an hour; readers pinned to recent ones are safe. A
+        purge drops every older version now, and fails loudly if it cannot."""
+        table = self.index.connect().open_table(TABLE)
+        if self.purge:  # under the build lock: no other writer's files are in flight
+            table.cleanup_old_versions(older_than=timedelta(0), delete_unverified=True)
+            return
         with contextlib.suppress(Exception):  # best effort; the committed build is intact
-            self.index.connect().open_table(TABLE).cleanup_old_versions(
-                older_than=timedelta(hours=1), delete_unverified=False
-            )
+            table.cleanup_old_versions(older_than=timedelta(hours=1), delete_unverified=False)
 
 
 _END, _STOP = object(), object()

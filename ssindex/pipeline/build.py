@@ -88,7 +88,8 @@ def build(
         previous = _previous(index, cfg, model, progress)
         plan, encoder, staging = _plan(root, index, cfg, model, previous, explicit, progress,
                                        ray)
-        writer = TableWriter(index, previous.head if previous else None)
+        writer = TableWriter(index, previous.head if previous else None,
+                             purge=previous is not None and _secrets_tightened(previous, cfg))
         outcome = _execute(plan, encoder, writer, previous, explicit, model, progress, ray)
         result = commit(index, plan, outcome, writer, previous, model, started)
         staging.clear()
@@ -135,12 +136,20 @@ def _execute(plan: BuildPlan, encoder: LazyEncoder, writer: TableWriter,
                        stats.clock.inclusive["write"])
     write_started = time.perf_counter()
     version = writer.write(run_local(plan, stats, progress),
-                           previous.digests if previous else {}, stats.row_ids)
+                           previous.digests if previous and writer.previous else {},
+                           stats.row_ids)
     write_seconds = time.perf_counter() - write_started - stats.clock.inclusive.get(
         "quantize", 0.0)
     return Outcome("local", version, stats, encoder.report(),
                    encoder.stats if encoder.selection is not None else None, encoder,
                    write_seconds)
+
+
+def _secrets_tightened(previous: PreviousIndex, cfg: BuildConfig) -> bool:
+    """Whether the previous index was built with ``allow_secrets`` and this build is
+    not: then no byte of its versions may stay behind."""
+    walk = previous.head.data["settings"]["config"].get("walk", {})
+    return bool(walk.get("allow_secrets")) and not cfg.walk.allow_secrets
 
 
 def _cluster(ray: RayOptions | None) -> contextlib.AbstractContextManager[Any]:

@@ -85,10 +85,10 @@ def commit(index: IndexDir, plan: BuildPlan, outcome: Outcome, writer: TableWrit
         "files": result["files_indexed"], "chunks": result["chunks_total"], "stats": result,
     })
     writer.cleanup()
-    # readers may still be pinned to the previous head: its files stay too
-    heads = [kept, {"manifest": manifest, **files}]
+    # readers may still be pinned to the previous head: its files stay too, but for a purge
+    heads = [{"manifest": manifest, **files}] + ([] if writer.purge else [kept])
     index.prune_manifests(keep={head[key] for head in heads for key in HEAD_FILES
-                                if key in head})
+                                if key in head}, min_age_s=0 if writer.purge else 3600)
     return result
 
 
@@ -143,6 +143,9 @@ def build_stats(stats: RunStats, encode: EncodeStats | None, backend: BackendRep
         "files_indexed": stats.chunk.files,
         "files_skipped": dict(sorted(stats.walk.skipped.items())),
         "dirs_pruned": dict(sorted(stats.walk.dirs_pruned.items())),
+        "secrets_allowed": cfg.walk.allow_secrets,
+        "secrets_redacted": sum(entry["secrets_redacted"] for entry in stats.manifest),
+        "secrets_redacted_now": dict(sorted(stats.walk.secrets_redacted.items())),
         "files_unchanged": stats.chunk.files_unchanged,
         "files_changed": sum(1 for e in stats.manifest
                              if e["path"] in known and known[e["path"]][0] != e["content_hash"]),

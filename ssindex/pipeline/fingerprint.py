@@ -16,6 +16,7 @@ def settings_fingerprint_fields(cfg: BuildConfig) -> dict[str, Any]:
     """The settings whose change invalidates chunks or vectors in an index."""
     from ssindex.stages.chunk import CHUNKER_VERSION
     from ssindex.text.lexical import ANALYZER_VERSION
+    from ssindex.text.secrets import SECRETS_VERSION
 
     return {
         "code": (CHUNKER_VERSION, ANALYZER_VERSION),
@@ -23,6 +24,8 @@ def settings_fingerprint_fields(cfg: BuildConfig) -> dict[str, Any]:
         "dedupe": dataclasses.asdict(cfg.dedupe),
         "max_tokens": cfg.embed.max_tokens,
         "quantization": cfg.quantization,
+        # stored chunks hold the text as redacted (or not) by the secrets rules
+        "secrets": "allowed" if cfg.walk.allow_secrets else SECRETS_VERSION,
     }
 
 

@@ -123,7 +123,7 @@ def _trusted(manifest: list[dict[str, Any]], head: Head, walk: WalkConfig,
         return {}
     cutoff = int(started) - STAT_MARGIN_NS
     return {m["path"]: Stamp(m["size"], m["mtime_ns"], m["ctime_ns"], m["inode"],
-                             m["content_hash"])
+                             m["content_hash"], m.get("secrets_redacted") or 0)
             for m in manifest if m.get("ctime_ns") is not None
             and max(m["mtime_ns"], m["ctime_ns"]) < cutoff}
 

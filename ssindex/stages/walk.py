@@ -22,6 +22,7 @@ from ssindex.config import WalkConfig
 from ssindex.errors import ConfigError
 from ssindex.records import SourceFile, Stamp
 from ssindex.text.languages import detect_language
+from ssindex.text.secrets import redact, secret_file, secret_name
 
 DENIED_DIRS: frozenset[str] = frozenset({
     ".git", ".hg", ".svn", ".ssindex", "node_modules", "bower_components", "__pycache__",
@@ -38,6 +39,8 @@ class WalkStats:
     files_read: int = 0
     skipped: Counter[str] = field(default_factory=Counter)
     dirs_pruned: Counter[str] = field(default_factory=Counter)
+    secrets_redacted: Counter[str] = field(default_factory=Counter)
+    """Secret values redacted from the files read, by kind."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,10 +216,14 @@ def _read(path: str, rel: str, cfg: WalkConfig, stats: WalkStats,
         if st.st_size > cfg.max_file_bytes:
             stats.skipped["too_large"] += 1
             return None
+        if not cfg.allow_secrets and secret_name(rel):  # never read at all
+            stats.skipped["secret"] += 1
+            return None
         seen = known.get(rel)
         if seen is not None and seen.matches(st):
             return SourceFile(rel, detect_language(rel), "", st.st_size, st.st_mtime_ns,
-                              seen.content_hash, st.st_ctime_ns, st.st_ino, read=False)
+                              seen.content_hash, st.st_ctime_ns, st.st_ino, read=False,
+                              secrets=seen.secrets)
         stats.files_read += 1
         with open(path, "rb") as handle:
             data = handle.read(cfg.max_file_bytes + 1)
@@ -247,6 +254,14 @@ def _read(path: str, rel: str, cfg: WalkConfig, stats: WalkStats,
     if limit and len(text) > limit * (text.count("\n") + 1):
         stats.skipped["minified"] += 1
         return None
+    found = 0
+    if not cfg.allow_secrets:
+        if secret_file(rel, text):
+            stats.skipped["secret"] += 1
+            return None
+        text, kinds = redact(text)
+        stats.secrets_redacted.update(kinds)
+        found = kinds.total()
     return SourceFile(
         path=rel,
         language=detect_language(rel),
@@ -256,4 +271,5 @@ def _read(path: str, rel: str, cfg: WalkConfig, stats: WalkStats,
         content_hash=content_hash(data),
         ctime_ns=st.st_ctime_ns,
         inode=st.st_ino,
+        secrets=found,
     )

@@ -111,6 +111,15 @@ def _backend_line(data: dict[str, Any]) -> str:
             + (f" [fallback: {report.fallback_reason}]" if report.fallback_reason else ""))
 
 
+def _secrets_line(stats: dict[str, Any]) -> str:
+    if stats["secrets_allowed"]:
+        return "allowed (--allow-secrets): secret files and values are indexed as they are"
+    files = stats["files_skipped"].get("secret", 0)
+    now = ", ".join(f"{kind} {n}" for kind, n in stats["secrets_redacted_now"].items())
+    return (f"{files} files skipped, {stats['secrets_redacted']} values redacted"
+            + (f" (this build: {now})" if now else ""))
+
+
 def summary_table(stats: dict[str, Any]) -> Table:
     skipped = ", ".join(f"{k} {v}" for k, v in stats["files_skipped"].items()) or "none"
     bulk = stats["backends"]["embed_bulk"]
@@ -119,6 +128,7 @@ def summary_table(stats: dict[str, Any]) -> Table:
                   f"{stats['files_changed']} changed, {stats['files_new']} new, "
                   f"{stats['files_removed']} removed, {stats['files_read']} read"),
         ("skipped", skipped),
+        ("secrets", _secrets_line(stats)),
         ("chunks", f"{stats['chunks_total']} total, {stats['chunks_embedded']} embedded, "
                    f"{stats['chunks_deduplicated']} duplicates, {stats['chunks_reused']} reused"),
         ("truncated", f"{stats['chunks_truncated']} chunks longer than the model's limit"),

@@ -29,4 +29,5 @@ def manifest_entry(source: SourceFile, chunk_ids: list[str]) -> dict[str, Any]:
     """A file's row of the build manifest (``store.MANIFEST_SCHEMA``)."""
     return {"path": source.path, "size": source.size, "mtime_ns": source.mtime_ns,
             "content_hash": source.content_hash, "chunk_ids": chunk_ids,
-            "ctime_ns": source.ctime_ns, "inode": source.inode}
+            "ctime_ns": source.ctime_ns, "inode": source.inode,
+            "secrets_redacted": source.secrets}

@@ -164,7 +164,7 @@ class _Run:
         embedded, backends = self._embed(rows, explicit)
         started = self.stats.clock.lap("embed", started)
         records = embedded.union(self._copy_duplicates(rows, embedded, needed))
-        if self.previous is None:
+        if self.previous is None or writer.previous is None:  # a first build, or a purge
             version = self._commit_fragments(records, writer)
         else:
             version = writer.write(_record_batches(records), self.previous.digests,
@@ -179,8 +179,8 @@ class _Run:
     def _write_nothing(self, writer: TableWriter, started: float, reason: str,
                        ) -> tuple[int, BackendReport, EncodeStats]:
         """Commit no new rows (deleting those of removed files) without starting actors."""
-        version = writer.write(iter(()), self.previous.digests if self.previous else {},
-                               self.stats.row_ids)
+        version = writer.write(iter(()), self.previous.digests
+                               if self.previous and writer.previous else {}, self.stats.row_ids)
         self.stats.clock.lap("write", started)
         return version, BackendReport.unloaded(reason), self.encode
 
