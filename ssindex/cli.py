@@ -213,6 +213,29 @@ def status(index: IndexOpt = None, as_json: JsonOpt = False) -> None:
 
 
 @app.command()
+def repair(index: IndexOpt = None, as_json: JsonOpt = False) -> None:
+    """Verify every file of an index; rebuild damaged search files and manifests."""
+    from ssindex.index.remote import RemoteIndex, is_remote
+    from ssindex.tools.repair import repair as run_repair
+
+    if index is not None and is_remote(index):  # repaired in the mirror, then committed
+        remote = RemoteIndex(index)
+        data = run_repair(remote.pull(for_commit=True))
+        if data["repaired"]:
+            remote.push()
+        data["index"] = remote.uri
+    else:
+        data = run_repair(_index_for(index))
+    if as_json:
+        _emit(data)
+    elif data["repaired"]:
+        Console().print(f"repaired {escape(', '.join(data['repaired']))} in "
+                        f"{escape(data['index'])} ({data['verified']} files verified)")
+    else:
+        Console().print(f"{escape(data['index'])}: intact ({data['verified']} files verified)")
+
+
+@app.command()
 def serve(index: IndexOpt = None, backend: BackendOpt = None) -> None:
     """Serve an index to coding agents: an MCP server over stdio (needs ssindex[serve])."""
     from ssindex.backends.names import parse_overrides
@@ -311,7 +334,7 @@ def main() -> None:
     except click.ClickException as exc:
         _error(exc.format_message())
         raise SystemExit(exc.exit_code) from None
-    except click.Abort:
+    except typer.Abort:
         _error("aborted")
         raise SystemExit(1) from None
     raise SystemExit(code if isinstance(code, int) else 0)

@@ -17,6 +17,7 @@ Anything else is a bug and keeps its traceback.
 from __future__ import annotations
 
 import contextlib
+import errno
 from collections.abc import Callable, Iterator
 from typing import Any, ClassVar
 
@@ -68,6 +69,40 @@ class EngineUnavailable(SsindexError, exit_code=7):
 _KINDS: list[type[SsindexError]] = [SsindexError, *SsindexError.__subclasses__()]
 ERRORS = {kind.__name__: kind for kind in _KINDS}
 """Every error by class name: how an error reported as data (by a Ray task) is raised again."""
+
+
+_STORAGE_FAULTS = {
+    errno.ENOSPC: ("the disk is full", "free space, then build again"),
+    errno.EDQUOT: ("the disk quota is used up", "free space, then build again"),
+    errno.EROFS: ("the file system turned read-only",
+                  "make it writable (or pass --index elsewhere), then build again"),
+    errno.EACCES: ("permission was denied", "make the index directory writable"),
+}
+_STORAGE_MESSAGES = {"no space left on device": errno.ENOSPC, "quota exceeded": errno.EDQUOT,
+                     "read-only file system": errno.EROFS}
+
+
+@contextlib.contextmanager
+def storage_faults(what: str, where: object) -> Iterator[None]:
+    """A full, read-only or forbidden disk while writing ``what`` as one line that names
+    the fix. A commit is the last write of a build (``HEAD.json``), so any of these
+    leaves the previous index as it was. Lance reports the same faults as ``OSError``
+    or ``RuntimeError``, at times with the reason in its message alone."""
+    try:
+        yield
+    except SsindexError:
+        raise
+    except (OSError, RuntimeError) as exc:
+        code = getattr(exc, "errno", None)
+        if code not in _STORAGE_FAULTS:
+            text = str(exc).lower()
+            code = next((c for message, c in _STORAGE_MESSAGES.items() if message in text),
+                        None)
+        if code is None:
+            raise
+        reason, fix = _STORAGE_FAULTS[code]
+        raise IndexNotWritable(f"{reason} while writing {what} in {where}: {fix}; the "
+                               "previous index is intact and still answers searches") from exc
 
 
 @contextlib.contextmanager

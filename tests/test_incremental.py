@@ -296,6 +296,50 @@ def test_many_small_rebuilds_keep_the_table_compact(tmp_path: Path) -> None:
     assert hits.results[0]["symbol"] == f"edited_part_{rounds - 1}"
 
 
+def test_sigkill_during_compaction_and_cleanup_loses_nothing(tmp_path: Path) -> None:
+    """A build killed while it compacts the table, or while it drops old versions after
+    its commit, leaves a searchable index, and the next build completes both."""
+    from ssindex import build
+    from ssindex.index.table import MAX_FRAGMENTS
+
+    root = tmp_path / "tree"
+    root.mkdir()
+    for part in range(MAX_FRAGMENTS + 1):
+        (root / f"part_{part}.py").write_text(f"def part_{part}():\n    return {part}\n")
+    build(root)
+    for part in range(MAX_FRAGMENTS):  # one fragment per rebuild: the next one compacts
+        (root / f"part_{part}.py").write_text(f"def edited_{part}():\n    return -{part}\n")
+        build(root)
+    index = root / ".ssindex"
+    versions = index / "db" / "chunks.lance" / "_versions"
+    for round_, new_versions in enumerate((1, 2, 3)):  # at, in and after the merge
+        (root / "part_8.py").write_text(f"def killed_{round_}():\n    return {round_}\n")
+        before = cli_json("search", "edited_3", "--index", str(index), "--mode", "lexical")
+        target = len(list(versions.iterdir())) + new_versions
+        process = _spawn_build(root)
+        _kill_when(process, lambda target=target: len(list(versions.iterdir())) >= target)
+        after = cli_json("search", "edited_3", "--index", str(index), "--mode", "lexical")
+        assert after["results"] == before["results"]
+    stats = _build(root)
+    fragments = IndexDir(index).open_table().stats()["fragment_stats"]["num_fragments"]
+    assert fragments <= MAX_FRAGMENTS and stats["chunks_total"] == MAX_FRAGMENTS + 1
+    # a purge drops every old version right after the commit: kill it there
+    _build(root, "--allow-secrets")
+    (root / "part_8.py").write_text("def purged():\n    return 0\n")
+    head = index / "HEAD.json"
+    written = head.stat().st_mtime_ns
+    process = _spawn_build(root)
+    _kill_when(process, lambda: head.stat().st_mtime_ns != written)
+    assert cli_json("repair", "--index", str(index))["damaged"] == []
+    assert cli_json("search", "purged", "--index", str(index), "--mode", "lexical",
+                    "-k", "1")["results"][0]["symbol"] == "purged"
+    _build(root)
+    clean = tmp_path / "clean"
+    shutil.copytree(root, clean, ignore=shutil.ignore_patterns(".ssindex"))
+    _build(clean)
+    _assert_same_rows(_rows(index), _rows(clean / ".ssindex"))
+
+
 def test_rebuild_reads_only_files_whose_stat_changed(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Unchanged files are trusted by size, mtime, ctime and inode and not read; an edit

@@ -71,3 +71,52 @@ def test_a_missing_bucket_is_one_clear_error(s3: str) -> None:
     assert result.returncode == 3
     assert result.stderr.startswith("error: no index")
     assert "s3://no-such-bucket/x" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_two_builders_racing_on_one_prefix_never_lose_a_commit(
+        s3: str, tmp_path: Path) -> None:
+    """Two machines (two caches) build the same tree into one prefix at the same time,
+    20 times. Each build commits or exits 4 with one line; a commit is never written
+    over: the builds that succeed in a round commit distinct table versions, the last
+    is what the prefix holds, and a fresh machine finds it whole."""
+    import os
+    import subprocess
+
+    from .conftest import CLI
+
+    root = copy_stdlib(tmp_path / "tree", "json")
+    uri = "s3://indexes/raced"
+    cli_json("build", str(root), "--index", uri, "--no-progress")
+    outcomes = {"committed": 0, "lost": 0}
+    for round_ in range(20):
+        (root / "json" / "raced.py").write_text(f"def round_{round_}():\n    return {round_}\n")
+        builders = [subprocess.Popen(
+            [CLI, "build", str(root), "--index", uri, "--no-progress", "--json"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={**os.environ, "SSINDEX_CACHE_DIR": str(tmp_path / f"machine-{machine}")})
+            for machine in "ab"]
+        versions = []
+        for builder in builders:
+            stdout, stderr = builder.communicate(timeout=600)
+            assert builder.returncode in (0, 4), stderr
+            if builder.returncode == 4:
+                errors = [line for line in stderr.splitlines() if line.startswith("error:")]
+                assert len(errors) == 1 and "Traceback" not in stderr, stderr
+                assert "another build committed" in errors[0]
+                outcomes["lost"] += 1
+            else:
+                versions.append(json.loads(stdout)["table_version"])
+                outcomes["committed"] += 1
+        assert versions and len(set(versions)) == len(versions), versions
+        fresh = {**os.environ, "SSINDEX_CACHE_DIR": str(tmp_path / f"reader-{round_}")}
+        report = json.loads(subprocess.run([CLI, "repair", "--index", uri, "--json"],
+                                           capture_output=True, text=True, env=fresh,
+                                           check=True).stdout)
+        assert report["damaged"] == []
+        head = json.loads(next((tmp_path / f"reader-{round_}").rglob("HEAD.json")).read_text())
+        assert head["table_version"] == max(versions)
+        hits = json.loads(subprocess.run(
+            [CLI, "search", f"round_{round_}", "--index", uri, "--json", "--mode", "lexical",
+             "-k", "1"], capture_output=True, text=True, env=fresh, check=True).stdout)
+        assert hits["results"][0]["symbol"] == f"round_{round_}"
+    assert outcomes["lost"] > 0  # the race was run, not avoided

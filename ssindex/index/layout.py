@@ -30,7 +30,13 @@ from typing import Any
 import pyarrow as pa
 import xxhash
 
-from ssindex.errors import IndexCorrupt, IndexNotFound, IndexNotWritable, map_exceptions
+from ssindex.errors import (
+    IndexCorrupt,
+    IndexNotFound,
+    IndexNotWritable,
+    map_exceptions,
+    storage_faults,
+)
 from ssindex.util.fsio import atomic_file, atomic_write_bytes
 
 FORMAT_VERSION = 1
@@ -139,7 +145,8 @@ class IndexDir:
         return Head(data)
 
     def write_head(self, data: dict[str, Any]) -> None:
-        atomic_write_bytes(self.path / HEAD, json.dumps(data, indent=2).encode())
+        with storage_faults(HEAD, self.path):
+            atomic_write_bytes(self.path / HEAD, json.dumps(data, indent=2).encode())
 
     def ensure_writable(self) -> None:
         try:
@@ -174,8 +181,8 @@ class IndexDir:
         import pyarrow.ipc as ipc
 
         # written straight to the file: the search files of a 62k-chunk index are ~120 MB
-        with atomic_file(self.path / "manifests" / name) as f, ipc.new_file(
-                f, table.schema) as writer:
+        with storage_faults(f"manifests/{name}", self.path), atomic_file(
+                self.path / "manifests" / name) as f, ipc.new_file(f, table.schema) as writer:
             writer.write_table(table)
         return name
 
@@ -187,6 +194,9 @@ class IndexDir:
             if (_VERSIONED.fullmatch(path.name) and path.name not in keep
                     and path.stat().st_mtime < cutoff):
                 path.unlink(missing_ok=True)
+        # half-written files of builds that were killed (this one holds the build lock)
+        for path in (self.path / "manifests").glob(".*.arrow.*"):
+            path.unlink(missing_ok=True)
 
     def read_manifest(self, name: str, mmap: bool = False) -> pa.Table:
         """A manifest, read into memory, or memory-mapped (pages load as they are used)."""

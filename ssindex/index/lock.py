@@ -8,13 +8,14 @@ build died, which is reported as a broken stale lock.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
-from ssindex.errors import IndexLocked
+from ssindex.errors import IndexLocked, storage_faults
 
 
 def _alive(pid: int) -> bool:
@@ -47,15 +48,22 @@ class BuildLock:
         stale = previous.isdigit() and int(previous) != os.getpid() and not _alive(int(previous))
         if stale and self._warn is not None:
             self._warn(f"broke stale lock of dead build (pid {previous}); resuming")
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        try:
+            with storage_faults("the build lock", self.path.parent):
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, str(os.getpid()).encode(), 0)
+        except BaseException:
+            os.close(fd)
+            raise
         self._fd = fd
         return self
 
     def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
                  tb: TracebackType | None) -> None:
         if self._fd is not None:
-            os.ftruncate(self._fd, 0)
+            # on a disk that turned read-only the pid stays: the flock is what counts
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, 0)
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None

@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 
 import pyarrow as pa
 
+from ssindex.errors import storage_faults
 from ssindex.index.layout import CHUNK_SCHEMA, TABLE, Head, IndexDir
 
 T = TypeVar("T")
@@ -40,6 +41,11 @@ class TableWriter:
               row_ids: set[str]) -> int:
         """Commit new and changed rows, delete rows not in ``row_ids`` (filled while
         ``batches`` is consumed); returns the new table version."""
+        with storage_faults(f"the table (db/{TABLE}.lance)", self.index.path):
+            return self._write(batches, previous_digests, row_ids)
+
+    def _write(self, batches: Iterable[pa.RecordBatch], previous_digests: dict[str, str],
+               row_ids: set[str]) -> int:
         db = self.index.connect()
         changed = self._changed(batches, previous_digests)
         if self.previous is None or TABLE not in db.table_names():

@@ -38,11 +38,15 @@ def _previous(index: IndexDir, cfg: BuildConfig, model: ModelSpec,
         return None
     try:
         head = index.read_head()
-        return PreviousIndex.load(index, head, settings_fingerprint(cfg, model),
-                                  cfg.quantization, cfg.walk)
+        previous = PreviousIndex.load(index, head, settings_fingerprint(cfg, model),
+                                      cfg.quantization, cfg.walk)
     except (IndexCorrupt, OSError, KeyError, ValueError) as exc:
         progress.message(f"previous index unreadable, rebuilding from scratch: {exc}")
         return None
+    if previous.damaged:
+        progress.message(f"repairing damaged files of the previous index: "
+                         f"{', '.join(previous.damaged)}")
+    return previous
 
 
 def check(root: Path, index_path: str | os.PathLike[str] | None = None,
@@ -73,7 +77,8 @@ def build(
     (``ssindex.index.remote``)."""
     if index_path is not None and is_remote(index_path):
         remote = RemoteIndex(str(index_path))
-        result = build(root, remote.pull(), config, backend_overrides, progress, ray)
+        result = build(root, remote.pull(for_commit=True), config, backend_overrides,
+                       progress, ray)
         remote.push()
         return result | {"index": remote.uri}
     started = Started()

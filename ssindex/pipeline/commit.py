@@ -17,6 +17,7 @@ from ssindex.backends.selector import BackendReport
 from ssindex.codec import bytes_per_vector, stored_vectors
 from ssindex.config import BuildConfig
 from ssindex.index.abstention import Thresholds, calibrate, recalibrate
+from ssindex.index.integrity import checksums, table_files
 from ssindex.index.layout import FORMAT_VERSION, MANIFEST_SCHEMA, IndexDir, now_iso
 from ssindex.index.search_files import SEARCH_FILES_VERSION, update_search_files, write_search_files
 from ssindex.index.table import TableWriter
@@ -60,7 +61,8 @@ def commit(index: IndexDir, plan: BuildPlan, outcome: Outcome, writer: TableWrit
     manifest = index.write_manifest(
         f"v{version}.arrow", pa.Table.from_pylist(stats.manifest, schema=MANIFEST_SCHEMA))
     kept = previous.head.data if previous is not None else {}
-    current = kept.get("search_files") == SEARCH_FILES_VERSION
+    current = kept.get("search_files") == SEARCH_FILES_VERSION and not (
+        previous is not None and previous.damaged)
     if current and writer.rows_written == writer.rows_deleted == 0:
         # same rows: the search files and thresholds of the previous build still hold
         files = {name: kept[name] for name in HEAD_FILES[1:]}
@@ -72,6 +74,11 @@ def commit(index: IndexDir, plan: BuildPlan, outcome: Outcome, writer: TableWrit
                          outcome.write_seconds, writer, previous)
     result["engine"] = outcome.engine
     result["wall_seconds"] = round(time.perf_counter() - started.seconds, 3)
+    # manifests are hashed afresh (one may have been rewritten under its name, repaired);
+    # Lance files are never rewritten, so the previous head's hashes of them hold
+    recorded = checksums(index, [f"manifests/{name}" for name in (manifest, *files.values())],
+                         {}) | checksums(index, table_files(index, version),
+                                         kept.get("checksums", {}))
     index.write_head({
         "format_version": FORMAT_VERSION, "table_version": version, "manifest": manifest,
         "root": str(plan.root), "built_at": now_iso(), "walk_started_ns": started.walk_ns,
@@ -83,6 +90,7 @@ def commit(index: IndexDir, plan: BuildPlan, outcome: Outcome, writer: TableWrit
                      "config": dataclasses.asdict(cfg)},
         **files, "search_files": SEARCH_FILES_VERSION, "abstention": thresholds.as_json(),
         "files": result["files_indexed"], "chunks": result["chunks_total"], "stats": result,
+        "checksums": recorded,
     })
     writer.cleanup()
     # readers may still be pinned to the previous head: its files stay too, but for a purge

@@ -14,6 +14,8 @@ import pyarrow.compute as pc
 
 from ssindex.codec import stored_vectors
 from ssindex.config import WalkConfig
+from ssindex.errors import IndexCorrupt
+from ssindex.index.integrity import damaged
 from ssindex.index.layout import Head, IndexDir
 from ssindex.records import Chunk, IndexedChunk, SourceFile, Stamp
 
@@ -43,21 +45,29 @@ class PreviousIndex:
     """The Lance dataset at the previous version."""
     known: dict[str, Stamp] = field(default_factory=dict)
     """Files the previous build read whose stat the walk may trust (``walk.Known``)."""
+    damaged: list[str] = field(default_factory=list)
+    """Its derived files (manifests, search files) whose checksums fail: rebuilt."""
     position: dict[str, int] = field(default_factory=dict)
     _exemplars: dict[str, int] | None = None
 
     @classmethod
     def load(cls, index: IndexDir, head: Head, fingerprint: str,
              quantization: str, walk: WalkConfig) -> PreviousIndex:
+        broken = damaged(index, head.data.get("checksums", {}))
+        if any(name.startswith("db/") for name in broken):
+            raise IndexCorrupt(f"its table files are damaged ({', '.join(broken[:3])})")
         dataset = index.open_table(head.table_version).to_lance()
         chunks = dataset.to_table(columns=list(_LIGHT_COLUMNS))
-        manifest = index.read_manifest(head.data["manifest"]).to_pylist()
+        # without its file manifest, every file is read and chunked again (vectors reused)
+        manifest = ([] if f"manifests/{head.data['manifest']}" in broken
+                    else index.read_manifest(head.data["manifest"]).to_pylist())
         files = {m["path"]: (m["content_hash"], m["chunk_ids"]) for m in manifest}
         previous = cls(head, chunks, files,
                        chunks_reusable=head.data["settings"]["fingerprint"] == fingerprint,
                        # float32 codes are exact: any quantization can start from them
                        vectors_reusable=head.quantization in (quantization, "none"),
-                       dataset=dataset, known=_trusted(manifest, head, walk))
+                       dataset=dataset, known=_trusted(manifest, head, walk),
+                       damaged=broken)
         previous.position = {row_id: i for i, row_id in enumerate(chunks.column("id").to_pylist())}
         return previous
 

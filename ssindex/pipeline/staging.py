@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import xxhash
 
+from ssindex.errors import storage_faults
 from ssindex.util.fsio import atomic_write_bytes
 
 
@@ -56,8 +57,9 @@ class Staging:
         sink = pa.BufferOutputStream()
         with ipc.new_file(sink, table.schema) as writer:
             writer.write_table(table)
-        atomic_write_bytes(self.path / f"batch-{next(self._counter):06d}.arrow",
-                           sink.getvalue().to_pybytes())
+        with storage_faults("a checkpoint of embedded vectors", self.path):
+            atomic_write_bytes(self.path / f"batch-{next(self._counter):06d}.arrow",
+                               sink.getvalue().to_pybytes())
 
     def clear(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)

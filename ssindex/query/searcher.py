@@ -25,6 +25,7 @@ from ssindex.backends.selector import Selection, select
 from ssindex.config import SEARCH_MODES
 from ssindex.errors import ConfigError, IndexCorrupt
 from ssindex.index.abstention import TermStats, Thresholds
+from ssindex.index.integrity import verify
 from ssindex.index.layout import IndexDir
 from ssindex.index.postings import NAME_WEIGHT_IDENTIFIER, NAME_WEIGHT_NATURAL, Postings
 from ssindex.index.remote import resolve_index
@@ -69,6 +70,8 @@ class Searcher:
             raise IndexCorrupt(f"the index at {self.index.path} has search files of another "
                                "ssindex release: run `ssindex build` once more (nothing is "
                                "re-embedded)")
+        self._checksums: dict[str, str] = self.head.data.get("checksums", {})
+        verify(self.index, self._checksums, f"manifests/{self.head.data['snapshot']}")
         self.rows = self.index.read_manifest(self.head.data["snapshot"], mmap=True)
         """Every row of the pinned version: metadata, text and vector codes (memory-mapped)."""
         self._backend_choice = backend
@@ -185,6 +188,7 @@ class Searcher:
     @property
     def postings(self) -> Postings:
         if self._postings is None:
+            verify(self.index, self._checksums, f"manifests/{self.head.data['postings']}")
             self._postings = Postings.from_table(
                 self.index.read_manifest(self.head.data["postings"], mmap=True), len(self.rows))
         return self._postings

@@ -26,7 +26,8 @@ def atomic_file(path: Path) -> Iterator[BinaryIO]:
             f.flush()
             os.fsync(f.fileno())
         except BaseException:
-            f.close()
+            with contextlib.suppress(OSError):  # a full disk fails the close's flush too
+                f.close()
             os.unlink(f.name)
             raise
     os.replace(f.name, path)

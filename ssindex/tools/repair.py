@@ -1,0 +1,69 @@
+"""``ssindex repair``: verify every file of the committed version, rebuild what is derived.
+
+The Lance table is the index of record; the build manifest and the search files
+are derived from it. A damaged derived file is written again from the table,
+under its own name, so ``HEAD.json`` keeps naming the same version and no source
+tree is needed. A damaged table file cannot be derived from anything here: that
+is an error naming ``ssindex build``, which rebuilds from the source tree.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from ssindex.errors import IndexCorrupt
+from ssindex.index.integrity import checksums, damaged
+from ssindex.index.layout import MANIFEST_SCHEMA, IndexDir
+from ssindex.index.lock import BuildLock
+from ssindex.index.search_files import write_search_files
+from ssindex.index.table import scan
+
+
+def repair(index_path: Path) -> dict[str, Any]:
+    """Verify the index at ``index_path``; rewrite its damaged derived files. Returns
+    what was verified and what was repaired."""
+    index = IndexDir(index_path)
+    with BuildLock(index.path):
+        head = index.read_head()
+        recorded: dict[str, str] = head.data.get("checksums", {})
+        if not recorded:
+            raise IndexCorrupt(f"the index at {index.path} records no checksums (an older "
+                               "ssindex built it): run `ssindex build` once to record them")
+        broken = damaged(index, recorded)
+        table = [name for name in broken if name.startswith("db/")]
+        if table:
+            raise IndexCorrupt(
+                f"table files of {index.path} are damaged ({', '.join(table[:3])}): the "
+                f"table is the index of record, so rebuild it from the source tree with "
+                f"`ssindex build {head.data['root']} --index {index.path}`")
+        version = head.table_version
+        names = {key: f"manifests/{head.data[key]}" for key in ("snapshot", "postings")}
+        if set(names.values()) & set(broken):
+            written, _, _ = write_search_files(index, version)
+            if written != {key: head.data[key] for key in written}:
+                raise IndexCorrupt(f"search files of {index.path} were written under other "
+                                   "names than HEAD.json records: rebuild with `ssindex build`")
+        manifest = f"manifests/{head.data['manifest']}"
+        if manifest in broken:
+            _rewrite_manifest(index, version, head.data["manifest"])
+        if broken:
+            head.data["checksums"] = recorded | checksums(index, broken, {})
+            index.write_head(head.data)
+    return {"index": str(index.path), "verified": len(recorded), "damaged": broken,
+            "repaired": broken}
+
+
+def _rewrite_manifest(index: IndexDir, version: int, name: str) -> None:
+    """The build manifest from the table: each file's chunk ids, and no stat or hash, so
+    the next build reads and chunks every file again (and reuses every vector)."""
+    rows = scan(index.open_table(version), ["id", "path", "start_line"]).to_pylist()
+    files: dict[str, list[str]] = {}
+    for row in sorted(rows, key=lambda row: (row["path"], row["start_line"])):
+        files.setdefault(row["path"], []).append(row["id"])
+    entries = [{"path": path, "size": 0, "mtime_ns": 0, "content_hash": "", "chunk_ids": ids,
+                "ctime_ns": 0, "inode": 0, "secrets_redacted": 0}
+               for path, ids in sorted(files.items())]
+    index.write_manifest(name, pa.Table.from_pylist(entries, schema=MANIFEST_SCHEMA))
