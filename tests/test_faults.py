@@ -14,6 +14,7 @@ import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from time import time_ns
 
 import pytest
 
@@ -165,6 +166,13 @@ def _flip(path: Path, truncate: bool = False) -> None:
     path.write_bytes(bytes(data))
 
 
+def _built(tmp_path: Path) -> tuple[Path, Path, list[tuple[str, int]]]:
+    """A tree, its index, and the index's answers to ``_search``."""
+    root = _tree(tmp_path / "repo")
+    run_cli("build", str(root), "--no-progress")
+    return root, root / ".ssindex", _search(root / ".ssindex")
+
+
 def _one_line_error(result: subprocess.CompletedProcess[str], code: int) -> str:
     assert result.returncode == code and "Traceback" not in result.stderr, result.stderr
     lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
@@ -175,10 +183,7 @@ def _one_line_error(result: subprocess.CompletedProcess[str], code: int) -> str:
 @pytest.mark.parametrize(("damaged", "truncate"), [("search", False), ("postings", True)])
 def test_a_damaged_search_file_is_detected_and_repaired(tmp_path: Path, damaged: str,
                                                         truncate: bool) -> None:
-    root = _tree(tmp_path / "repo")
-    index = root / ".ssindex"
-    run_cli("build", str(root), "--no-progress")
-    answers = _search(index)
+    _, index, answers = _built(tmp_path)
     head = json.loads((index / "HEAD.json").read_text())
     target = next((index / "manifests").glob(f"{damaged}-v*.arrow"))
     assert f"manifests/{target.name}" in head["checksums"]
@@ -193,10 +198,7 @@ def test_a_damaged_search_file_is_detected_and_repaired(tmp_path: Path, damaged:
 
 
 def test_a_damaged_build_manifest_is_rebuilt_by_the_next_build(tmp_path: Path) -> None:
-    root = _tree(tmp_path / "repo")
-    index = root / ".ssindex"
-    run_cli("build", str(root), "--no-progress")
-    answers = _search(index)
+    root, index, answers = _built(tmp_path)
     head = json.loads((index / "HEAD.json").read_text())
     _flip(index / "manifests" / head["manifest"])
     result = run_cli("build", str(root), "--no-progress", "--json")
@@ -208,10 +210,7 @@ def test_a_damaged_build_manifest_is_rebuilt_by_the_next_build(tmp_path: Path) -
 
 
 def test_a_damaged_table_file_is_named_and_rebuilt_from_the_tree(tmp_path: Path) -> None:
-    root = _tree(tmp_path / "repo")
-    index = root / ".ssindex"
-    run_cli("build", str(root), "--no-progress")
-    answers = _search(index)
+    root, index, answers = _built(tmp_path)
     fragment = next((index / "db" / "chunks.lance" / "data").glob("*.lance"))
     _flip(fragment)
     line = _one_line_error(run_cli("repair", "--index", str(index), check=False), 3)
@@ -221,3 +220,30 @@ def test_a_damaged_table_file_is_named_and_rebuilt_from_the_tree(tmp_path: Path)
     assert "rebuilding from scratch" in result.stderr and "damaged" in result.stderr
     assert _search(index) == answers
     assert cli_json("repair", "--index", str(index))["damaged"] == []
+
+
+def test_a_file_that_vanishes_or_changes_between_walk_and_read(tmp_path: Path) -> None:
+    """A file the walk trusted by its stat is read later (``reread``): gone by then, it
+    is a counted skip; changed, it is read as it is now, with the hash of what was read."""
+    from ssindex.config import WalkConfig
+    from ssindex.records import Stamp
+    from ssindex.stages.walk import WalkStats, content_hash, reread, walk
+
+    for name in "ab":
+        (tmp_path / f"{name}.py").write_text(f"{name} = 1\n")
+    old = time_ns() - 10**10
+    for name in "ab":
+        os.utime(tmp_path / f"{name}.py", ns=(old, old))
+    first = {s.path: s for s in walk(tmp_path, WalkConfig(), WalkStats())}
+    known = {path: Stamp(s.size, s.mtime_ns, s.ctime_ns, s.inode, s.content_hash)
+             for path, s in first.items()}
+    stats = WalkStats()
+    trusted = list(walk(tmp_path, WalkConfig(), stats, known=known))
+    assert [s.read for s in trusted] == [False, False] and stats.files_read == 0
+    (tmp_path / "a.py").unlink()
+    (tmp_path / "b.py").write_text("b = 2  # changed after the walk\n")
+    assert reread(tmp_path, trusted[0], WalkConfig(), stats) is None
+    assert stats.skipped["vanished"] == 1
+    changed = reread(tmp_path, trusted[1], WalkConfig(), stats)
+    assert changed is not None and changed.text == "b = 2  # changed after the walk\n"
+    assert changed.content_hash == content_hash(changed.text.encode())

@@ -3,7 +3,8 @@
 Yields ``SourceFile`` rows in sorted path order, reading each file once, or
 not at all when a previous walk's stat of it still holds (``known``). Every
 file that is not yielded is counted under a skip reason; directories pruned
-whole (deny list, ignore rules) are counted separately.
+whole (deny list, ignore rules) are counted separately. Secrets never pass:
+secret files are skipped, secret values redacted (``ssindex.text.secrets``).
 """
 
 from __future__ import annotations
@@ -236,6 +237,30 @@ def _read(path: str, rel: str, cfg: WalkConfig, stats: WalkStats,
     except OSError:
         stats.skipped["unreadable"] += 1
         return None
+    text = _text(data, rel, cfg, stats)
+    if text is None:
+        return None
+    found = 0
+    if not cfg.allow_secrets:
+        text, kinds = redact(text)
+        stats.secrets_redacted.update(kinds)
+        found = kinds.total()
+    return SourceFile(
+        path=rel,
+        language=detect_language(rel),
+        text=text,
+        size=len(data),
+        mtime_ns=st.st_mtime_ns,
+        content_hash=content_hash(data),
+        ctime_ns=st.st_ctime_ns,
+        inode=st.st_ino,
+        secrets=found,
+    )
+
+
+def _text(data: bytes, rel: str, cfg: WalkConfig, stats: WalkStats) -> str | None:
+    """The file's text, or ``None`` with the reason counted: too large, binary, not
+    UTF-8, empty, minified, or a secret as a whole."""
     if len(data) > cfg.max_file_bytes:
         stats.skipped["too_large"] += 1
         return None
@@ -254,22 +279,7 @@ def _read(path: str, rel: str, cfg: WalkConfig, stats: WalkStats,
     if limit and len(text) > limit * (text.count("\n") + 1):
         stats.skipped["minified"] += 1
         return None
-    found = 0
-    if not cfg.allow_secrets:
-        if secret_file(rel, text):
-            stats.skipped["secret"] += 1
-            return None
-        text, kinds = redact(text)
-        stats.secrets_redacted.update(kinds)
-        found = kinds.total()
-    return SourceFile(
-        path=rel,
-        language=detect_language(rel),
-        text=text,
-        size=len(data),
-        mtime_ns=st.st_mtime_ns,
-        content_hash=content_hash(data),
-        ctime_ns=st.st_ctime_ns,
-        inode=st.st_ino,
-        secrets=found,
-    )
+    if not cfg.allow_secrets and secret_file(rel, text):
+        stats.skipped["secret"] += 1
+        return None
+    return text
