@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -108,4 +109,11 @@ def test_a_damaged_index_is_a_clear_error(tmp_path: Path) -> None:
     (index / "HEAD.json").write_text(head)
     for manifest in (index / "manifests").glob("search-v*.arrow"):
         manifest.write_bytes(b"corrupt")
+    message = fails("search", "alpha")
+    assert "search-v1.arrow" in message and "is damaged" in message
+    assert "ssindex repair" in message
+    # an index from before checksums: the unreadable file itself is the error
+    data = json.loads(head)
+    del data["checksums"]
+    (index / "HEAD.json").write_text(json.dumps(data))
     assert "the index is damaged" in fails("search", "alpha")
