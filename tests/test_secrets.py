@@ -241,6 +241,25 @@ def test_ordinary_code_is_left_alone() -> None:
     assert redact(code) == (code, {})
 
 
+def test_key_blocks_lose_their_body_and_nothing_else() -> None:
+    body = "\n".join(KEY_BODY)
+    whole = f'KEY = """-----BEGIN EC PRIVATE KEY-----\n{body}\n-----END EC PRIVATE KEY-----"""\n'
+    out, found = redact(whole + "x = 1\n")
+    assert found == {"private_key": 1} and not any(line in out for line in KEY_BODY)
+    assert out.splitlines()[0] == 'KEY = """-----BEGIN EC PRIVATE KEY-----'
+    assert out.count("\n") == whole.count("\n") + 1 and out.endswith("x = 1\n")
+    escaped = '{"private_key": "-----BEGIN PRIVATE KEY-----\\n%s\\n-----END PRIVATE KEY-----"}'
+    out, found = redact(escaped % "\\n".join(KEY_BODY))
+    assert found == {"private_key": 1} and not any(line in out for line in KEY_BODY)
+    cut = f"-----BEGIN OPENSSH PRIVATE KEY-----\n{body}\nQyNTUxOQ\nthe notes go on\n"
+    out, found = redact(cut)
+    assert found == {"private_key": 1} and out.endswith("\nthe notes go on\n")
+    assert "QyNTUxOQ" not in out and not any(line in out for line in KEY_BODY)
+    # a header alone (a parser's check, a doc) keeps the rest of the file
+    check = 'if pem.startswith("-----BEGIN RSA PRIVATE KEY-----"):\n    return load(pem)\n'
+    assert redact(check + "def other():\n    return 1\n")[1] == {}
+
+
 def test_names_and_contents_that_make_a_secret_file() -> None:
     assert secret_name("deploy/id_rsa") and secret_name("id_ed25519.pub")
     assert secret_name(".env.production") and not secret_name(".env.example")

@@ -118,9 +118,13 @@ DETECTORS: tuple[Detector, ...] = (
              valid=_random_looking, group=None),
 )
 
-_KEY_BLOCK = re.compile(r"-----BEGIN ((?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?)-----(.*?)"
-                        r"(?:-----END \1-----|\Z)", re.S)
-_PUTTY_KEY = re.compile(r"(?m)^PuTTY-User-Key-File-\d: .*?(?=^Private-MAC: |\Z)", re.S)
+_KEY_BLOCK = re.compile(  # the body alone goes; a header with no key after it stays
+    r"-----BEGIN ((?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?)-----"
+    r"([A-Za-z0-9+/=\s:,.\\-]{0,16384}?)-----END \1-----"  # whole, or JSON-escaped ("\n")
+    r"|-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----"  # cut off: its base64 lines
+    r"(\r?\n[ \t]*[A-Za-z0-9+/=]{16,}[ \t]*"
+    r"(?:\r?\n[ \t]*[A-Za-z0-9+/=]+[ \t]*(?=\r?\n|$))*)")
+_PUTTY_KEY = re.compile(r"(?m)^PuTTY-User-Key-File-\d: .{0,16384}?^Private-MAC: .*$", re.S)
 
 
 def redact(text: str) -> tuple[str, Counter[str]]:
@@ -128,7 +132,8 @@ def redact(text: str) -> tuple[str, Counter[str]]:
     lines each by one), and how many of each kind were replaced."""
     spans: list[tuple[int, int, str]] = []
     if "PRIVATE KEY" in text:
-        spans += [(m.start(2), m.end(2), "private_key") for m in _KEY_BLOCK.finditer(text)]
+        spans += [(m.start(g), m.end(g), "private_key") for m in _KEY_BLOCK.finditer(text)
+                  if (g := m.lastindex or 0) > 1 and m.end(g) > m.start(g)]
     if "PuTTY-User-Key-File" in text:
         spans += [(m.start(), m.end(), "private_key") for m in _PUTTY_KEY.finditer(text)]
     for detector, lines in _TRIGGERS.candidates(text).items():
