@@ -58,12 +58,10 @@ def _fill(disk: Path, leave_kib: int) -> Path:
 
 def _phase(result: subprocess.CompletedProcess[str]) -> str:
     """What a build that failed on a full disk was writing: it exits 5 with one line."""
-    assert result.returncode == 5, result.stderr
-    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
-    assert "the previous index is intact" in lines[0]
-    phase = _PHASE.search(lines[0])
-    assert phase is not None, lines[0]
+    line = _one_line_error(result, 5)
+    assert "the previous index is intact" in line
+    phase = _PHASE.search(line)
+    assert phase is not None, line
     what = phase.group(1)
     return ("the table" if what.startswith("the table") else
             "search files" if what.startswith("manifests/") else what)
