@@ -186,11 +186,17 @@ def search(
 
 
 def explanation(data: dict[str, Any]) -> str:
-    """``--explain``'s line: the legs' scores, the fused score, then each factor."""
+    """``--explain``'s line: the legs' scores, the fused score, then each factor and
+    added term in the order applied (the same-file decay last)."""
     legs = ", ".join(f"{leg} {data[leg]:.4f}" if data[leg] is not None else f"{leg} -"
                      for leg in ("dense", "lexical"))
-    factors = " ".join(f"×{value:g} {name}" for name, value in data["factors"].items())
-    return f"    [{legs}; fused {data['fused']:.4f}{'; ' + factors if factors else ''}]"
+    factors = dict(data["factors"])
+    decay = factors.pop("same file", None)
+    terms = [f"×{value:g} {name}" for name, value in factors.items()]
+    terms += [f"+{value:.4f} {name}" for name, value in data["added"].items()]
+    if decay is not None:
+        terms.append(f"×{decay:g} same file")
+    return f"    [{legs}; fused {data['fused']:.4f}{'; ' + ' '.join(terms) if terms else ''}]"
 
 
 def snippet(text: str, lines: int = 6, width: int = 200) -> str:

@@ -117,6 +117,32 @@ def test_search_prints_hits_abstention_and_missing_index(built: Path, tmp_path: 
     assert missing.stderr.startswith("error: no index") and missing.stderr.count("\n") == 1
 
 
+def test_search_explain_shows_each_factor_and_adds_up(built: Path) -> None:
+    """``--explain`` on a terminal and in ``--json``: the legs, the fused score, every
+    factor and added term, and together they make the result's score."""
+    code, screen = run_tty("search", "JSONDecoder", "--index", str(built), "-k", "3",
+                           "--explain")
+    assert code == 0, screen
+    _clean(screen)
+    assert screen.startswith(" 1. json/decoder.py:"), screen
+    assert "fused " in screen and "defines" in screen, screen
+    results = json.loads(run_cli("search", "JSONDecoder", "--index", str(built), "-k", "3",
+                                 "--explain", "--json").stdout)["results"]
+    for hit in results:
+        why = hit["explain"]
+        assert set(why) == {"dense", "lexical", "fused", "factors", "added"}
+        factors = dict(why["factors"])
+        decay = factors.pop("same file", 1.0)
+        score = why["fused"]
+        for value in factors.values():
+            score *= value
+        score = (score + sum(why["added"].values())) * decay
+        assert abs(score - hit["score"]) < 1e-3 * max(1.0, hit["score"]), hit
+    results = json.loads(run_cli("search", "how a json document is decoded", "--index",
+                                 str(built), "--explain", "--json").stdout)["results"]
+    assert any(hit["explain"]["added"].get("file evidence") for hit in results)
+
+
 def test_status_and_doctor_print_their_facts(built: Path) -> None:
     code, screen = run_tty("status", "--index", str(built))
     assert code == 0, screen

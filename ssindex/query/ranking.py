@@ -1,83 +1,91 @@
 """The ranking stage after fusion: what a code reader knows that the two legs do not.
 
-Every rule is general, multiplicative on the fused score, and stated here:
+Every rule is general and stated here. A candidate's score is
+``(fused × factors + added) × same-file decay``:
 
-- **Path priors.** Tests, examples, documentation and prose, legacy/compat/deprecated
-  trees, vendored and generated code, type stubs, and an older versioned tree beside a
-  newer sibling (``v1/`` next to ``v2/``) answer fewer questions than the code they
-  describe or copy: each kind scales a chunk's score down (``PRIORS``). A prior does
-  not apply when the query asks for that kind of file ("test", "example", "docs"...).
-- **Definitions.** A query that is or holds an identifier (``Router``, ``parse_addr``,
-  ``a.b``, ``A::B``) promotes the chunks that define it, found by a name lookup in the
-  symbol table even when neither leg retrieved them; a definition outranks a mention.
-- **Barrels.** A chunk of imports and re-exports alone names code that lives elsewhere.
-- **File evidence.** A file or directory named by a query word is evidence for its
-  chunks.
-- **Diversity.** A file is one answer to a reader, and the metric credits it once:
-  each further chunk of a file already ranked is scaled by ``SAME_FILE_DECAY``.
+- **Path priors** (factors). Tests, examples, documentation and prose, configuration
+  and data files, legacy/compat/deprecated trees, vendored and generated code, type
+  stubs, and an older versioned tree beside a newer sibling (``v1/`` next to ``v2/``)
+  answer fewer questions than the code they describe or copy: each kind scales a
+  chunk's score down (``PRIORS``). A prior does not apply when the query asks for that
+  kind of file ("test", "example", "docs", "config"...).
+- **Definitions** (a factor). A query that is or holds an identifier (``Router``,
+  ``parse_addr``, ``a.b``, ``A::B``) promotes the chunks that define it: found by a
+  name lookup in the symbol table even when neither leg retrieved them, and by a
+  definition line inside a candidate that holds several small definitions. The exact
+  case outranks another case, and a definition outranks a mention.
+- **Barrels** (a factor). A chunk of imports and re-exports alone names code that
+  lives elsewhere.
+- **Named files** (a factor). A file or directory named by a query word (or a word
+  that starts it, ``types`` for ``ColumnType.kt``) is evidence for its chunks.
+- **File evidence** (added). A file with several strong candidates is one strong
+  answer: its best chunk gains a share of the top score in proportion to the file's
+  summed candidate scores (``COHERENCE``). The pieces of one long definition count as
+  one piece of evidence, and a query that is one name skips this rule.
+- **Diversity** (the decay). A file is one answer to a reader, and the metric credits
+  it once: each further chunk of a file already ranked is scaled by
+  ``SAME_FILE_DECAY``.
+
+The constants were tuned on the repobench dev split, with leave-one-repository-out
+figures and CoSQA as a check (``docs/benchmarks.md``).
 """
 
 from __future__ import annotations
 
+import heapq
 import math
-import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from functools import cached_property
-from pathlib import PurePosixPath
 
 import numpy as np
 import pyarrow as pa
 
+from ssindex.query.conventions import (
+    ASKS,
+    DEFINITION_KINDS,
+    STOP_WORDS,
+    VERSION_DIR,
+    VERSIONED,
+    definition_pattern,
+    file_kinds,
+    identifiers,
+    is_barrel,
+    prefixes,
+    words_of,
+)
 from ssindex.query.fusion import Ranking
 
 SAME_FILE_DECAY = 0.3
 DEFINITION_BOOST = 1.3
-FILE_WORD_BOOST = 0.5
+NAME_DEFINITION_BOOST = 2.0
+"""``DEFINITION_BOOST`` for a query that is one name: there a definition is the answer."""
+MISSED_DEFINITIONS = 40
+"""At most this many definitions that neither leg retrieved join the candidates."""
+INSIDE_DEPTH = 30
+"""How many of the best fused candidates are searched for a definition inside them."""
+CASE_MISMATCH = 0.8
+"""Share of the definition boost kept when a definition matches the name but not its case."""
+FILE_WORD_BOOST = 2.0
 """Per query word naming the file or its directory (at most two count)."""
-
+COHERENCE = 1.0
+"""A file with several strong candidates is one strong answer: its best chunk gains this
+share of the top score, scaled by the file's evidence over the best file's. Not for a
+query that is one name: there the chunk defining it is the answer."""
+PIECE_WEIGHT = 0.3
+"""What each further piece of one long definition adds to its file's evidence: a long
+function split into chunks is one answer, not several."""
 PRIORS = {"test": 0.55, "docs": 0.6, "example": 0.7, "legacy": 0.7, "older": 0.7,
-          "vendored": 0.6, "stub": 0.75, "barrel": 0.7}
-BARREL_SHARE = 0.7
-"""A chunk whose code lines are at least this share of imports and re-exports is a
-barrel (``__init__.py``, ``index.ts``, ``mod.rs``): it names the code, it is not it."""
-_ASKS = {
-    "test": re.compile(r"\b(tests?|testing|spec|specs|fixtures?|mocks?)\b", re.I),
-    "docs": re.compile(r"\b(docs?|documentation|readme|guide|changelog|markdown)\b", re.I),
-    "example": re.compile(r"\b(examples?|samples?|demos?|tutorials?)\b", re.I),
-    "legacy": re.compile(r"\b(legacy|compat|compatibility|deprecated|old)\b", re.I),
-    "stub": re.compile(r"\b(stubs?|typings?|declarations?)\b", re.I),
-}
-_TEST_DIRS = {"test", "tests", "__tests__", "spec", "specs", "testing", "testdata", "fixtures"}
-_TEST_NAME = re.compile(r"(^test_|_test\.|\.test\.|\.spec\.|_spec\.|Tests?\.[a-z]+$|Spec\.[a-z]+$)")
-_DOC_SUFFIXES = {".md", ".rst", ".txt", ".adoc", ".markdown"}
-_DOC_DIRS = {"docs", "doc", "documentation"}
-_EXAMPLE_DIRS = {"example", "examples", "sample", "samples", "demo", "demos"}
-_LEGACY_DIRS = {"legacy", "compat", "deprecated", "old"}
-_VENDORED_DIRS = {"vendor", "vendored", "third_party", "thirdparty", "node_modules",
-                  "generated", "_generated", "external"}
-_VERSION_DIR = re.compile(r"v(\d+)")
-_REEXPORT = re.compile(r"\s*(import\s|from\s\S+\s+import\s|export\s+(\*|\{|type\s+\{)|"
-                       r"pub\s+(use|mod)\s|mod\s+\w+;|use\s|require|#include|__all__|"
-                       r"module\.exports|[)}\]],?\s*$|\w+,\s*$)")
-_DEFINITIONS = {"function", "method", "class", "struct", "interface", "enum", "trait",
-                "type", "impl", "object", "protocol"}
-_IDENTIFIER = re.compile(
-    r"[A-Za-z_][A-Za-z0-9_]*(?:(?:\.|::)[A-Za-z_][A-Za-z0-9_]*)+"  # a.b, A::B
-    r"|[A-Za-z]*[a-z][A-Z][A-Za-z0-9]*|[A-Z][a-z0-9]+[A-Z][A-Za-z0-9]*"  # camelCase, CamelCase
-    r"|[A-Za-z0-9]+_[A-Za-z0-9_]+")  # snake_case
-_WORD = re.compile(r"[a-z][a-z0-9]+")
-_STOP = {"the", "and", "for", "how", "what", "where", "with", "from", "into", "that", "this",
-         "are", "is", "does", "when", "which", "code", "function", "method", "class",
-         "implementation", "works", "work", "handled", "handle", "used", "using"}
-
-
+          "vendored": 0.6, "stub": 0.75, "barrel": 0.7, "config": 0.6}
 @dataclass
 class Explanation:
-    """Why a result scored as it did: its fused score, then each factor applied."""
+    """Why a result scored as it did: its fused score, the factors and additive terms
+    applied, in the module docstring's order."""
 
     fused: float
     factors: dict[str, float] = field(default_factory=dict)
+    added: dict[str, float] = field(default_factory=dict)
+    """Additive terms, applied after the factors."""
 
     def as_json(self, dense: Ranking, lexical: Ranking, row: int) -> dict[str, object]:
         def leg(ranking: Ranking) -> float | None:
@@ -85,44 +93,8 @@ class Explanation:
             return round(float(ranking.scores[found[0]]), 6) if len(found) else None
 
         return {"dense": leg(dense), "lexical": leg(lexical), "fused": round(self.fused, 6),
-                "factors": {name: round(value, 4) for name, value in self.factors.items()}}
-
-
-def file_kinds(path: str, newer_versions: dict[str, int]) -> list[str]:
-    """The prior kinds that ``path`` is (``PRIORS``' keys)."""
-    parts = PurePosixPath(path).parts
-    dirs = {part.lower() for part in parts[:-1]}
-    name = parts[-1] if parts else ""
-    kinds = []
-    if dirs & _TEST_DIRS or _TEST_NAME.search(name):
-        kinds.append("test")
-    if PurePosixPath(name).suffix.lower() in _DOC_SUFFIXES or dirs & _DOC_DIRS:
-        kinds.append("docs")
-    if dirs & _EXAMPLE_DIRS:
-        kinds.append("example")
-    if dirs & _LEGACY_DIRS:
-        kinds.append("legacy")
-    if dirs & _VENDORED_DIRS or ".generated." in name or name.endswith(("_pb2.py", ".min.js")):
-        kinds.append("vendored")
-    if name.endswith((".d.ts", ".pyi")):
-        kinds.append("stub")
-    for depth, part in enumerate(parts[:-1]):
-        match = _VERSION_DIR.fullmatch(part.lower())
-        parent = "/".join(parts[:depth])
-        if match and newer_versions.get(parent, -1) > int(match.group(1)):
-            kinds.append("older")
-            break
-    return kinds
-
-
-def identifiers(query: str) -> list[str]:
-    """Identifier-like names in ``query``, by their last part, lower-cased; a one-word
-    query is taken as a name too."""
-    found = [m.group(0) for m in _IDENTIFIER.finditer(query)]
-    words = query.split()
-    if not found and len(words) == 1 and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", words[0]):
-        found = words
-    return [re.split(r"\.|::", name)[-1].lower() for name in found]
+                "factors": {name: round(value, 4) for name, value in self.factors.items()},
+                "added": {name: round(value, 6) for name, value in self.added.items()}}
 
 
 class Ranker:
@@ -131,6 +103,21 @@ class Ranker:
     def __init__(self, rows: pa.Table) -> None:
         self.rows = rows
         self._barrels: dict[int, bool] = {}
+        self._file_kinds: dict[int, list[str]] = {}
+        self._file_names: dict[int, tuple[set[str], set[str]]] = {}
+        self._file_scales: dict[int, float] = {}
+
+    def warm(self) -> None:
+        """Build the tables the rules read now, not on the first query that needs one,
+        and find every barrel (a search would otherwise test each new candidate)."""
+        for table in ("_newest", "_definitions", "_pieces", "_file_ids"):
+            getattr(self, table)
+        modules = np.flatnonzero(self._modules)
+        text = self.rows.column("text")
+        for start in range(0, len(modules), 4096):
+            rows = modules[start:start + 4096]
+            for row, chunk in zip(rows.tolist(), text.take(rows).to_pylist(), strict=True):
+                self._barrels[row] = is_barrel(chunk)
 
     @cached_property
     def _files(self) -> tuple[list[int], list[str]]:
@@ -140,38 +127,62 @@ class Ranker:
         return files, list(numbers)
 
     @cached_property
-    def _kinds(self) -> list[list[str]]:
-        """The prior kinds of each file."""
-        _, paths = self._files
+    def _newest(self) -> dict[str, int]:
+        """The newest version directory (``v2`` of ``v1/``, ``v2/``) under each parent."""
         newest: dict[str, int] = {}
-        for path in paths:
-            parts = PurePosixPath(path).parts
+        for path in self._files[1]:
+            if not VERSIONED.search(path):
+                continue
+            parts = path.split("/")
             for depth, part in enumerate(parts[:-1]):
-                if match := _VERSION_DIR.fullmatch(part.lower()):
+                if match := VERSION_DIR.fullmatch(part.lower()):
                     parent = "/".join(parts[:depth])
                     newest[parent] = max(newest.get(parent, -1), int(match.group(1)))
-        return [file_kinds(path, newest) for path in paths]
+        return newest
+
+    def _kinds(self, file: int) -> list[str]:
+        """The prior kinds of ``file``, found on first need: a file's kinds for the
+        100k files of a large index would cost a cold search seconds."""
+        if file not in self._file_kinds:
+            path = self._files[1][file]
+            self._file_kinds[file] = file_kinds(path, self._newest if VERSIONED.search(path)
+                                                else {})
+        return self._file_kinds[file]
+
+    def _naming(self, words: dict[str, set[str]], candidates: set[int]) -> dict[int, int]:
+        """How many query ``words`` (each with its ``prefixes``) name each candidate
+        file's name or parent directory: equal, or one starting the other when the
+        shorter has ``WORD_PREFIX`` letters. Set lookups only, in one loop: this runs for
+        every candidate file of every query."""
+        naming = {}
+        items = list(words.items())
+        forms = set(words).union(*words.values())  # no file they miss is named
+        for file in candidates:
+            keys, plain = self._file_names.get(file) or self._names(file)
+            naming[file] = 0 if keys.isdisjoint(forms) else sum(
+                1 for word, prefixes in items if word in keys or not plain.isdisjoint(prefixes))
+        return naming
+
+    def _names(self, file: int) -> tuple[set[str], set[str]]:
+        """The words of ``file``'s name and its parent directory with their prefixes,
+        and the words alone; found on first need, like ``_kinds``."""
+        path = self._files[1][file]
+        parts = path.split("/")
+        stem = parts[-1][:parts[-1].rfind(".")] if "." in parts[-1][1:] else parts[-1]
+        words = words_of(f"{parts[-2] if len(parts) > 1 else ''} {stem}")
+        self._file_names[file] = words.union(*map(prefixes, words)), words
+        return self._file_names[file]
 
     @cached_property
-    def _words(self) -> list[set[str]]:
-        """The words of each file's name and its parent directory."""
-        _, paths = self._files
-        out = []
-        for path in paths:
-            pure = PurePosixPath(path.lower())
-            named = f"{pure.parent.name} {pure.stem}".replace("_", " ").replace("-", " ")
-            out.append(set(_WORD.findall(re.sub(r"([a-z])([A-Z])", r"\1 \2", named))))
-        return out
-
-    @cached_property
-    def _definitions(self) -> dict[str, list[int]]:
-        """Rows that define a name, by the name's last part, lower-cased."""
-        table: dict[str, list[int]] = defaultdict(list)
+    def _definitions(self) -> dict[str, list[tuple[int, str]]]:
+        """Rows that define a name, with the name's last part, by that part lower-cased."""
+        table: dict[str, list[tuple[int, str]]] = defaultdict(list)
         for row, (symbol, kind) in enumerate(zip(self.rows.column("symbol").to_pylist(),
                                                  self.rows.column("kind").to_pylist(),
                                                  strict=True)):
-            if symbol and kind in _DEFINITIONS:
-                table[re.split(r"\.|::", symbol)[-1].lower()].append(row)
+            if symbol and kind in DEFINITION_KINDS:
+                name = symbol.replace("::", ".").rsplit(".", 1)[-1]
+                table[name.lower()].append((row, name))
         return table
 
     def rank(self, query: str, fused: Ranking, limit: int,
@@ -179,72 +190,172 @@ class Ranker:
         """The top ``limit`` rows after the rules above, with why each scored so."""
         if not len(fused):
             return fused, {}
-        scores = dict(zip(fused.rows.tolist(), fused.scores.tolist(), strict=True))
-        names = identifiers(query)
-        top = float(fused.scores[0])
-        for name in names:  # definitions the legs missed compete from the top score
-            for row in self._definitions.get(name, [])[:20]:
-                scores.setdefault(row, top)
-        asked = {kind for kind, pattern in _ASKS.items() if pattern.search(query)}
+        bare = len(query.split()) == 1
+        scores, defined = self._candidates(query, fused, bare)
+        asked = {kind for kind, pattern in ASKS.items() if pattern.search(query)}
         if "legacy" in asked:
             asked.add("older")
-        words = {w for w in _WORD.findall(query.lower()) if w not in _STOP}
+        words = {word: prefixes(word) for word in words_of(query) - STOP_WORDS}
         files = self._files[0]
-        defined = self._defines(names)
-        explained: dict[int, Explanation] = {}
+        naming = self._naming(words, {files[row] for row in scores})
+        scale = {file: self._scale(file, asked) * (1 + FILE_WORD_BOOST * min(named, 2))
+                 for file, named in naming.items()}
+        barrel = 1.0 if "barrel" in asked else PRIORS["barrel"]
         adjusted: dict[int, float] = {}
-        for row, score in scores.items():
-            why = Explanation(score)
+        for row, score in scores.items():  # the hot loop: plain lookups, no objects
+            factor = scale[files[row]] * defined.get(row, 1.0)
+            adjusted[row] = score * (factor * barrel if self._barrel(row) else factor)
+        added = {} if bare else self._cohere(adjusted)
+        ranked, decays = self._diverse(adjusted, limit)
+        explained = {}
+        for row in ranked.rows.tolist():
             file = files[row]
-            for kind in self._kinds[file]:
-                if kind not in asked:
-                    why.factors[f"prior:{kind}"] = PRIORS[kind]
-            if "barrel" not in asked and self._barrel(row):
-                why.factors["prior:barrel"] = PRIORS["barrel"]
+            why = explained[row] = Explanation(scores[row], self._priors(file, asked,
+                                                                         naming[file]))
+            if barrel != 1.0 and self._barrel(row):
+                why.factors["prior:barrel"] = barrel
             if row in defined:
-                why.factors["defines"] = DEFINITION_BOOST
-            named = len(words & self._words[file])
-            if named:
-                why.factors["file named"] = 1 + FILE_WORD_BOOST * min(named, 2)
-            adjusted[row] = score * math.prod(why.factors.values())
-            explained[row] = why
-        return self._diverse(adjusted, explained, limit), explained
+                why.factors["defines"] = defined[row]
+            if row in added:
+                why.added["file evidence"] = added[row]
+            if row in decays:
+                why.factors["same file"] = decays[row]
+        return ranked, explained
+
+    def _candidates(self, query: str, fused: Ranking, bare: bool,
+                    ) -> tuple[dict[int, float], dict[int, float]]:
+        """The fused rows and the definitions the query names (those the legs missed
+        compete from the top score), and each definition's boost."""
+        scores = dict(zip(fused.rows.tolist(), fused.scores.tolist(), strict=True))
+        names = identifiers(query)
+        if not names:
+            return scores, {}
+        strength = NAME_DEFINITION_BOOST if bare else DEFINITION_BOOST
+        defined = self._defines(names, strength)
+        top = float(fused.scores[0])
+        for row in sorted(defined, key=defined.__getitem__, reverse=True)[:MISSED_DEFINITIONS]:
+            scores.setdefault(row, top)
+        inside = [row for row in fused.rows[:INSIDE_DEPTH].tolist() if row not in defined]
+        for row in self._defined_inside(inside, names):
+            defined[row] = strength
+        return scores, defined
+
+    def _priors(self, file: int, asked: set[str], named: int) -> dict[str, float]:
+        """The path priors and named-file factor of ``file``'s chunks (``named``: how
+        many query words name it)."""
+        factors = {f"prior:{kind}": PRIORS[kind] for kind in self._kinds(file)
+                   if kind not in asked}
+        if named:
+            factors["file named"] = 1 + FILE_WORD_BOOST * min(named, 2)
+        return factors
+
+    def _scale(self, file: int, asked: set[str]) -> float:
+        """The product of ``file``'s path priors that apply (cached for a query that
+        asks for no kind of file: most queries)."""
+        if asked:
+            return math.prod(PRIORS[kind] for kind in self._kinds(file) if kind not in asked)
+        if file not in self._file_scales:
+            self._file_scales[file] = math.prod(PRIORS[kind] for kind in self._kinds(file))
+        return self._file_scales[file]
+
+    def _cohere(self, adjusted: dict[int, float]) -> dict[int, float]:
+        """Raise each file's best chunk by ``COHERENCE`` of the top score, times the
+        file's evidence over the best file's; the gains, by row. A file's evidence is
+        its candidates' scores summed, each further piece of one definition counting
+        ``PIECE_WEIGHT`` of its score. In numpy: it reads every candidate."""
+        rows = np.fromiter(adjusted, np.int64, len(adjusted))
+        scores = np.fromiter(adjusted.values(), np.float64, len(adjusted))
+        order = np.argsort(-scores, kind="stable")
+        rows, scores = rows[order], scores[order]
+        files = self._file_ids[rows]
+        _, firsts = np.unique((files << 32) | self._pieces[rows], return_index=True)
+        shares = np.full(len(rows), PIECE_WEIGHT)
+        shares[firsts] = 1.0
+        _, best, local = np.unique(files, return_index=True, return_inverse=True)
+        evidence = np.bincount(local, scores * shares)
+        top, most = scores[0], evidence.max()
+        if top <= 0 or most <= 0:
+            return {}
+        gains = dict(zip(rows[best].tolist(), (COHERENCE * top * evidence / most).tolist(),
+                         strict=True))
+        for row, gain in gains.items():
+            adjusted[row] += gain
+        return gains
 
     @cached_property
-    def _modules(self) -> list[bool]:
+    def _pieces(self) -> np.ndarray:
+        """Which definition each chunk is a piece of, numbered: its symbol's number
+        (module-level chunks are each their own)."""
+        numbers: dict[str, int] = {}
+        kinds = self.rows.column("kind").to_pylist()
+        return np.array([numbers.setdefault(f"\0{row}" if kind == "module" else symbol or "",
+                                            len(numbers))
+                         for row, (symbol, kind) in enumerate(
+                             zip(self.rows.column("symbol").to_pylist(), kinds, strict=True))],
+                        np.int64)
+
+    @cached_property
+    def _file_ids(self) -> np.ndarray:
+        """Each row's file number, as an array."""
+        return np.array(self._files[0], np.int64)
+
+    @cached_property
+    def _modules(self) -> np.ndarray:
         """Whether each row is a module-level chunk: the only kind a barrel can be."""
-        return [kind == "module" for kind in self.rows.column("kind").to_pylist()]
+        return np.array([kind == "module" for kind in self.rows.column("kind").to_pylist()],
+                        bool)
 
     def _barrel(self, row: int) -> bool:
         if not self._modules[row]:
             return False
         if row not in self._barrels:
-            lines = [line for line in self.rows.column("text")[row].as_py().splitlines()
-                     if line.strip() and not line.lstrip().startswith(("#", "//", '"""'))]
-            reexports = sum(1 for line in lines if _REEXPORT.match(line))
-            self._barrels[row] = bool(lines) and reexports >= BARREL_SHARE * len(lines)
+            self._barrels[row] = is_barrel(self.rows.column("text")[row].as_py())
         return self._barrels[row]
 
-    def _defines(self, names: list[str]) -> set[int]:
-        return {row for name in names for row in self._definitions.get(name, [])}
+    def _defines(self, names: list[str], strength: float) -> dict[int, float]:
+        """Rows the symbol table says define one of ``names``, each with its boost: less
+        when the case differs (``deserialize`` for ``Deserialize``)."""
+        boosts: dict[int, float] = {}
+        for name in names:
+            for row, defined in self._definitions.get(name.lower(), []):
+                boost = strength * (1.0 if defined == name else CASE_MISMATCH)
+                boosts[row] = max(boosts.get(row, 0.0), boost)
+        return boosts
 
-    def _diverse(self, adjusted: dict[int, float], explained: dict[int, Explanation],
-                 limit: int) -> Ranking:
+    def _defined_inside(self, rows: list[int], names: list[str]) -> set[int]:
+        """Of ``rows``, those whose text defines one of ``names`` without being named
+        after it: a chunk that holds several small definitions carries only the first
+        one's name in the symbol table. A substring test first: the pattern is slow."""
+        pattern = definition_pattern(tuple(names))
+        text = self.rows.column("text")
+        found = set()
+        for row in rows:
+            chunk = text[row].as_py()
+            if any(name in chunk for name in names) and pattern.search(chunk):
+                found.add(row)
+        return found
+
+    def _diverse(self, adjusted: dict[int, float], limit: int,
+                 ) -> tuple[Ranking, dict[int, float]]:
         """Best first, each further chunk of a ranked file scaled by ``SAME_FILE_DECAY``
-        once per chunk of that file above it."""
+        once per chunk of that file above it; and each decay applied, by row."""
         files = self._files[0]
-        pending = sorted(adjusted.items(), key=lambda item: (-item[1], item[0]))
         seen: dict[int, int] = defaultdict(int)
         ranked: list[tuple[int, float]] = []
-        for row, score in pending:
+        decays: dict[int, float] = {}
+        best: list[float] = []  # a min-heap of the ``limit`` best scores so far
+        for row in sorted(sorted(adjusted), key=adjusted.__getitem__, reverse=True):
+            score = adjusted[row]
+            if len(best) == limit and score <= best[0]:
+                break  # decay only lowers scores: no later row can enter the top
             file = files[row]
             if seen[file]:
-                decay = SAME_FILE_DECAY ** seen[file]
-                explained[row].factors["same file"] = decay
-                score *= decay
+                decays[row] = SAME_FILE_DECAY ** seen[file]
+                score *= decays[row]
             seen[file] += 1
             ranked.append((row, score))
+            (heapq.heappush if len(best) < limit else heapq.heappushpop)(best, score)
         ranked.sort(key=lambda item: (-item[1], item[0]))
         ranked = ranked[:limit]
-        return Ranking(np.array([r for r, _ in ranked], np.int64),
-                       np.array([s for _, s in ranked], np.float64))
+        return (Ranking(np.array([r for r, _ in ranked], np.int64),
+                        np.array([s for _, s in ranked], np.float64)), decays)

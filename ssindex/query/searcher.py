@@ -109,6 +109,7 @@ class Searcher:
         """Load everything a search needs now (query backend, vectors, postings, term
         statistics), so that a long-lived searcher's first request is as fast as the rest."""
         self.search("warm up", k=1, abstain=False)
+        self.ranker.warm()
         self.term_stats  # noqa: B018 (loads the abstention statistics)
         return self
 
