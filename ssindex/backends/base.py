@@ -16,6 +16,11 @@ import numpy as np
 
 from ssindex.backends.model import ModelSpec
 from ssindex.errors import BackendExecutionError, map_exceptions
+from ssindex.util import heap
+
+BULK_TEXTS = 32
+"""An ``encode`` call of at least this many texts is bulk work (a build's batch, not a
+query): its freed tensors go back to the OS (``util.heap``)."""
 
 
 @functools.cache
@@ -63,6 +68,7 @@ class Encoder:
         self.batch_tokens = batch_tokens
         self.tokenizer = model.tokenizer(max_tokens)
         self.stats = EncodeStats()
+        self._trimmer = heap.Trimmer()
 
     def encode(self, texts: list[str]) -> np.ndarray:
         if not texts:
@@ -78,6 +84,8 @@ class Encoder:
         for batch in _token_budget_batches([len(ids[i]) for i in order], self.batch_tokens):
             rows = order[batch]
             out[rows] = self._forward([ids[i] for i in rows])
+        if len(texts) >= BULK_TEXTS:  # a bulk call: give the batches' tensors back
+            self._trimmer.after_batch()
         norms = np.linalg.norm(out, axis=1, keepdims=True)
         return out / np.maximum(norms, 1e-12)
 
