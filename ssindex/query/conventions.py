@@ -65,7 +65,7 @@ def file_kinds(path: str, newer_versions: dict[str, int]) -> list[str]:
     parts = path.split("/")
     name = parts[-1]
     dirs = {part.lower() for part in parts[:-1]}
-    suffix = name[name.rfind("."):].lower() if "." in name[1:] else ""
+    suffix = split_name(name)[1].lower()
     kinds = []
     if dirs & _TEST_DIRS or _TEST_NAME.search(name):
         kinds.append("test")
@@ -97,7 +97,35 @@ def identifiers(query: str) -> list[str]:
     words = query.split()
     if not found and len(words) == 1 and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", words[0]):
         found = words
-    return [re.split(r"\.|::", name)[-1] for name in found]
+    return [last_part(name) for name in found]
+
+
+def last_part(name: str) -> str:
+    """The last part of a qualified name (``serve`` of ``HTTPServer.serve``, ``B`` of
+    ``A::B``)."""
+    return name.replace("::", ".").rsplit(".", 1)[-1]
+
+
+def split_name(name: str) -> tuple[str, str]:
+    """A file name's stem and suffix (``router``, ``.ts`` of ``router.ts``; a leading dot
+    starts no suffix). String operations: this runs for every candidate file."""
+    dot = name.rfind(".")
+    return (name[:dot], name[dot:]) if dot > 0 else (name, "")
+
+
+def newest_versions(paths: list[str]) -> dict[str, int]:
+    """The newest version directory (``v2`` of ``v1/``, ``v2/``) under each parent, for
+    ``file_kinds``' ``older`` kind."""
+    newest: dict[str, int] = {}
+    for path in paths:
+        if not VERSIONED.search(path):
+            continue
+        parts = path.split("/")
+        for depth, part in enumerate(parts[:-1]):
+            if match := VERSION_DIR.fullmatch(part.lower()):
+                parent = "/".join(parts[:depth])
+                newest[parent] = max(newest.get(parent, -1), int(match.group(1)))
+    return newest
 
 
 @functools.lru_cache(maxsize=256)

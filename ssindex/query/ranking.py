@@ -45,13 +45,15 @@ from ssindex.query.conventions import (
     ASKS,
     DEFINITION_KINDS,
     STOP_WORDS,
-    VERSION_DIR,
     VERSIONED,
     definition_pattern,
     file_kinds,
     identifiers,
     is_barrel,
+    last_part,
+    newest_versions,
     prefixes,
+    split_name,
     words_of,
 )
 from ssindex.query.fusion import Ranking
@@ -128,17 +130,7 @@ class Ranker:
 
     @cached_property
     def _newest(self) -> dict[str, int]:
-        """The newest version directory (``v2`` of ``v1/``, ``v2/``) under each parent."""
-        newest: dict[str, int] = {}
-        for path in self._files[1]:
-            if not VERSIONED.search(path):
-                continue
-            parts = path.split("/")
-            for depth, part in enumerate(parts[:-1]):
-                if match := VERSION_DIR.fullmatch(part.lower()):
-                    parent = "/".join(parts[:depth])
-                    newest[parent] = max(newest.get(parent, -1), int(match.group(1)))
-        return newest
+        return newest_versions(self._files[1])
 
     def _kinds(self, file: int) -> list[str]:
         """The prior kinds of ``file``, found on first need: a file's kinds for the
@@ -166,10 +158,8 @@ class Ranker:
     def _names(self, file: int) -> tuple[set[str], set[str]]:
         """The words of ``file``'s name and its parent directory with their prefixes,
         and the words alone; found on first need, like ``_kinds``."""
-        path = self._files[1][file]
-        parts = path.split("/")
-        stem = parts[-1][:parts[-1].rfind(".")] if "." in parts[-1][1:] else parts[-1]
-        words = words_of(f"{parts[-2] if len(parts) > 1 else ''} {stem}")
+        parts = self._files[1][file].split("/")
+        words = words_of(f"{parts[-2] if len(parts) > 1 else ''} {split_name(parts[-1])[0]}")
         self._file_names[file] = words.union(*map(prefixes, words)), words
         return self._file_names[file]
 
@@ -181,7 +171,7 @@ class Ranker:
                                                  self.rows.column("kind").to_pylist(),
                                                  strict=True)):
             if symbol and kind in DEFINITION_KINDS:
-                name = symbol.replace("::", ".").rsplit(".", 1)[-1]
+                name = last_part(symbol)
                 table[name.lower()].append((row, name))
         return table
 
