@@ -26,8 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _corpus import cpu_label
 
 from ssindex import build
+from ssindex.query.filters import Filters
 from ssindex.query.fusion import fuse, lexical_weight
-from ssindex.query.searcher import CANDIDATES, Searcher
+from ssindex.query.searcher import Searcher
 
 DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "repobench-dev"
 MODES = ("lexical", "semantic", "hybrid")
@@ -85,8 +86,8 @@ def evaluate_repo(searcher: Searcher, queries: list[dict[str, Any]]) -> dict[str
             if "ranking" in response.timings_ms:
                 ranking.append(response.timings_ms["ranking"])
             scores[mode].append((item["category"], ndcg10(response.results, targets, covered)))
-        fused = fuse(searcher.dense.nearest(searcher.embed_query(item["query"]), CANDIDATES),
-                     searcher._lexical(item["query"], CANDIDATES), lexical_weight(item["query"]))
+        legs = searcher.legs(item["query"], 10, "hybrid", Filters(), abstain=False)
+        fused = fuse(legs.dense, legs.lexical, lexical_weight(item["query"]))
         unranked = [{name: searcher.rows.column(name)[row].as_py()
                      for name in ("path", "start_line", "end_line")}
                     for row in fused.rows[:10].tolist()]
@@ -124,8 +125,8 @@ def main() -> None:
     for repo in json.loads((args.data / "repos.json").read_text()):
         name = repo["name"]
         index = args.workdir / name
-        if not (index / "HEAD.json").exists():
-            build(args.data / "repos" / name / repo.get("benchmark_root", ""), index)
+        # incremental: a kept workdir is only brought up to this release's search files
+        build(args.data / "repos" / name / repo.get("benchmark_root", ""), index)
         queries = json.loads((args.data / "annotations" / f"{name}.json").read_text())
         per_repo[name] = evaluate_repo(Searcher(index).warm(), queries)
         per_repo[name].update({peer: peers[name][peer] for peer in PEERS if peer in peers[name]})

@@ -146,63 +146,79 @@ def _report_staleness(reasons: list[str], as_json: bool) -> None:
     raise typer.Exit(1 if reasons else 0)
 
 
+GlobsOpt = list[str] | None
+
+
 @app.command()
 def search(
     query: Annotated[str, typer.Argument(help="Natural language or identifiers.")],
-    index: IndexOpt = None,
+    index: Annotated[GlobsOpt, typer.Option(
+        "--index", help="Index directory or object-store URI; repeat it to search several "
+        "as one.")] = None,
+    workspace: Annotated[Path | None, typer.Option(
+        "--workspace", help="A TOML file listing indexes to search as one: indexes = [...]",
+    )] = None,
     k: Annotated[int, typer.Option("-k", help="Number of results.")] = 10,
     mode: Annotated[str, typer.Option("--mode", help="hybrid, lexical or semantic.")] = "hybrid",
+    path: Annotated[GlobsOpt, typer.Option(
+        "--path", help="Only files a gitignore-style glob selects (repeatable: src/, *.go).",
+    )] = None,
+    exclude: Annotated[GlobsOpt, typer.Option(
+        "--exclude", help="No files a gitignore-style glob selects (repeatable).")] = None,
+    lang: Annotated[GlobsOpt, typer.Option(
+        "--lang", help="Only these languages (repeatable or comma-separated: go,rust).")] = None,
+    kind: Annotated[GlobsOpt, typer.Option(
+        "--kind", help="Only these chunk kinds (function, method, class, module...).")] = None,
+    symbol: Annotated[str | None, typer.Option(
+        "--symbol", help="Only chunks of this symbol, whole or its last part; NAME* for a "
+        "prefix.")] = None,
+    tests: Annotated[str | None, typer.Option(
+        "--tests", help="include (default), only or exclude test code.")] = None,
+    fmt: Annotated[str | None, typer.Option(
+        "--format", help="text (default), json, ndjson, vimgrep or files.")] = None,
+    context: Annotated[int, typer.Option(
+        "--context", "-C", min=0, help="Lines around each result (text and JSON).")] = 0,
     backend: BackendOpt = None,
     no_abstain: Annotated[bool, typer.Option(
         "--no-abstain", help="Always answer, even when the index has nothing relevant.")] = False,
     explain: Annotated[bool, typer.Option(
         "--explain", help="Show each result's leg scores and every ranking factor.")] = False,
-    as_json: JsonOpt = False,
+    as_json: Annotated[bool, typer.Option("--json", help="The same as --format json.")] = False,
 ) -> None:
     """Search an index."""
     from ssindex.backends.names import parse_overrides
+    from ssindex.query.filters import Filters
     from ssindex.query.searcher import Searcher
+    from ssindex.query.workspace import Workspace, workspace_indexes
+    from ssindex.tools.listing import FORMATS, lines, print_text
 
-    overrides = parse_overrides(backend or [])
-    searcher = Searcher(_index_for(index), overrides.get("embed_query"))
-    response = searcher.search(query, k=k, mode=mode, abstain=not no_abstain, explain=explain)
-    if as_json:
-        _emit(response.as_json())
+    shape = _format(fmt, as_json, FORMATS)
+    filters = Filters.of(path, exclude, lang, kind, symbol, tests)
+    query_backend = parse_overrides(backend or []).get("embed_query")
+    indexes: list[str | None] = [*(index or []),
+                                 *(workspace_indexes(workspace) if workspace else [])]
+    searchers = [Searcher(_index_for(one), query_backend) for one in indexes or [None]]
+    engine = searchers[0] if len(searchers) == 1 else Workspace(searchers)
+    response = engine.search(query, k=k, mode=mode, abstain=not no_abstain, explain=explain,
+                             filters=filters, context=context)
+    data = response.as_json()
+    if shape == "text":
+        print_text(data, Console())
         return
-    out = Console()
-    if response.abstained:
-        out.print("nothing relevant in this index (abstained; --no-abstain to answer anyway)")
-    elif not response.results:
-        out.print("no results")
-    for rank, hit in enumerate(response.results, 1):
-        # paths and symbols are the repository's: escaped, so "[red]x.py" prints as named
-        out.print(f"[bold]{rank:>2}. {escape(hit['path'])}:{hit['start_line']}-"
-                  f"{hit['end_line']}[/] [cyan]{escape(hit['kind'])} {escape(hit['symbol'])}[/]"
-                  f"  [dim]{hit['score']:.4f}[/]")
-        if "explain" in hit:
-            out.print(explanation(hit["explain"]), markup=False, highlight=False)
-        out.print(snippet(hit["text"]), markup=False, highlight=False)
-        out.print()
+    for line in lines(data, shape):
+        sys.stdout.write(line + "\n")
+    if shape != "json" and response.abstained:  # stdout stays the format's alone
+        err.print("nothing relevant in this index (abstained; --no-abstain to answer anyway)",
+                  highlight=False, soft_wrap=True)
 
 
-def explanation(data: dict[str, Any]) -> str:
-    """``--explain``'s line: the legs' scores, the fused score, then each factor and
-    added term in the order applied (the same-file decay last)."""
-    legs = ", ".join(f"{leg} {data[leg]:.4f}" if data[leg] is not None else f"{leg} -"
-                     for leg in ("dense", "lexical"))
-    factors = dict(data["factors"])
-    decay = factors.pop("same file", None)
-    terms = [f"×{value:g} {name}" for name, value in factors.items()]
-    terms += [f"+{value:.4f} {name}" for name, value in data["added"].items()]
-    if decay is not None:
-        terms.append(f"×{decay:g} same file")
-    return f"    [{legs}; fused {data['fused']:.4f}{'; ' + ' '.join(terms) if terms else ''}]"
-
-
-def snippet(text: str, lines: int = 6, width: int = 200) -> str:
-    """A result's first lines, each cut at ``width`` (one line may hold a whole file)."""
-    return "\n".join(line if len(line) <= width else line[: width - 1] + "…"
-                     for line in text.splitlines()[:lines])
+def _format(fmt: str | None, as_json: bool, formats: tuple[str, ...]) -> str:
+    """``--format``, checked (``--json`` is ``--format json``)."""
+    if fmt is not None and fmt not in formats:
+        raise ConfigError(f"--format must be one of {', '.join(formats)}")
+    if as_json and fmt not in (None, "json"):
+        raise ConfigError(f"--json and --format {fmt} ask for two formats")
+    return "json" if as_json else fmt or "text"
 
 
 @app.command()

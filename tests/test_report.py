@@ -4,7 +4,7 @@ import io
 
 from rich.console import Console
 
-from ssindex.cli import snippet
+from ssindex.tools.listing import snippet
 from ssindex.tools.report import PlainProgress, RichProgress, doctor_table, summary_table
 
 

@@ -63,6 +63,10 @@ async def _session_calls(index: Path, log: Path) -> dict[str, Any]:
                 "lexical": ("search", {"query": "EchoServer serve_forever", "mode": "lexical"}),
                 "status": ("status", {}),
                 "bad_mode": ("search", {"query": "x", "mode": "nonsense"}),
+                "filtered": ("search", {"query": "parse a JSON configuration file",
+                                        "path": ["echo_*.py"], "kind": ["class"],
+                                        "context": 1}),
+                "bad_language": ("search", {"query": "x", "lang": ["cobol"]}),
             }
             for name, (tool, args) in calls.items():
                 out[name] = _dump(await session.call_tool(tool, args))
@@ -97,6 +101,16 @@ def test_serve_through_mcp_client(index: Path, tmp_path: Path) -> None:
 
     assert calls["bad_mode"].get("isError")
     assert "unknown mode" in calls["bad_mode"]["content"][0]["text"]
+
+    assert {"path", "exclude", "lang", "kind", "symbol", "tests", "context"} <= set(
+        tools["search"]["inputSchema"]["properties"])
+    filtered = _payload(calls["filtered"])
+    assert filtered["filters"]["paths"] == ["echo_*.py"]
+    assert [(hit["path"], hit["symbol"]) for hit in filtered["results"]] == [
+        ("echo_server.py", "EchoServer")]
+    assert filtered["results"][0]["context"] == {"before": [], "after": []}  # the whole file
+    assert calls["bad_language"].get("isError")
+    assert "unknown language 'cobol'" in calls["bad_language"]["content"][0]["text"]
 
 
 def test_stdout_carries_only_the_protocol(index: Path) -> None:

@@ -27,7 +27,7 @@ from functools import cached_property
 import numpy as np
 import pyarrow as pa
 
-from ssindex.util.arrays import numeric_view
+from ssindex.util.arrays import best_first, numeric_view
 
 K1, B = 1.2, 0.75
 NAME_WEIGHT_NATURAL = 0.25
@@ -188,13 +188,14 @@ class Postings:
         return np.bincount(docs, weights=impacts, minlength=self.size).astype(np.float32)
 
     def top(self, query_terms: list[str], limit: int, name_weight: float,
-            ) -> tuple[np.ndarray, np.ndarray]:
-        """Documents with a positive score, best first (at most ``limit``), and their scores."""
+            allowed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Documents with a positive score, best first (at most ``limit``), and their
+        scores; only documents ``allowed`` lets through, when given."""
         scores = self.scores(query_terms, name_weight)
+        if allowed is not None:
+            np.multiply(scores, allowed, out=scores)
         matched = np.flatnonzero(scores > 0)
-        if len(matched) > limit:
-            matched = matched[np.argpartition(-scores[matched], limit - 1)[:limit]]
-        best = matched[np.argsort(-scores[matched], kind="stable")]
+        best = matched[best_first(scores[matched], limit)]  # equal scores rank by document
         return best, scores[best]
 
 

@@ -9,7 +9,8 @@ each build writes, under ``manifests/`` and named by table version:
 
     search-vN.arrow    the rows: id, vectors, metadata, text, field lengths (a clean
                        build writes them in row-id order, a rebuild keeps the
-                       previous order and appends the rows it wrote)
+                       previous order and appends the rows it wrote), and each
+                       row's ``is_test`` mark (``ssindex.text.roles``)
     postings-vN.arrow  BM25 postings over those rows (``ssindex.index.postings``), with the
                        term counts of abstention (``ssindex.index.abstention``)
 
@@ -28,9 +29,10 @@ from ssindex.index.abstention import TermStats
 from ssindex.index.layout import IndexDir
 from ssindex.index.postings import Postings
 from ssindex.index.table import scan
-from ssindex.util.arrays import numeric_view
+from ssindex.text.roles import is_test
+from ssindex.util.arrays import distinct, numeric_view
 
-SEARCH_FILES_VERSION = 6
+SEARCH_FILES_VERSION = 7
 SNAPSHOT_COLUMNS = ["id", "path", "start_line", "end_line", "language", "symbol", "kind", "text",
                     "vec_codes", "vec_scale"]
 _LENGTHS = ["body_terms", "name_terms"]
@@ -70,12 +72,19 @@ def update_search_files(index: IndexDir, version: int, previous: dict[str, str],
     return _write(index, version, rows, postings)
 
 
+def test_marks(paths: pa.ChunkedArray) -> pa.Array:
+    """Whether each row's file is test code, judged once per distinct path."""
+    files, rows = distinct(paths)
+    return pa.array(np.array([is_test(path) for path in files.to_pylist()], bool)[rows])
+
+
 def _write(index: IndexDir, version: int, rows: pa.Table, postings: Postings,
            ) -> tuple[dict[str, str], pa.Table, TermStats]:
     if postings.lengths is None:
         raise ValueError("search files need the postings' doc lengths")
     for name, lengths in zip(_LENGTHS, postings.lengths, strict=True):
         rows = rows.append_column(name, pa.array(lengths, pa.int32()))
+    rows = rows.append_column("is_test", test_marks(rows.column("path")))
     table = postings.to_table()
     names = {
         "postings": index.write_manifest(f"postings-v{version}.arrow", table),

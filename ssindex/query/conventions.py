@@ -8,6 +8,8 @@ from __future__ import annotations
 import functools
 import re
 
+from ssindex.text.roles import is_test
+
 WORD_PREFIX = 4
 """A query word and a path word match when one starts the other and the shorter has at
 least this many letters (``dependency``/``dependencies``, ``type``/``types``)."""
@@ -23,8 +25,6 @@ ASKS = {  # a query that says one of these asks for that kind of file
     "config": re.compile(r"\b(config\w*|settings?|manifests?|dependenc\w+|toml|ya?ml|json|xml|"
                          r"build|packag\w+)\b", re.I),
 }
-_TEST_DIRS = {"test", "tests", "__tests__", "spec", "specs", "testing", "testdata", "fixtures"}
-_TEST_NAME = re.compile(r"(^test_|_test\.|\.test\.|\.spec\.|_spec\.|Tests?\.[a-z]+$|Spec\.[a-z]+$)")
 _DOC_SUFFIXES = {".md", ".rst", ".txt", ".adoc", ".markdown"}
 _DOC_DIRS = {"docs", "doc", "documentation"}
 _CONFIG_SUFFIXES = {".toml", ".json", ".yaml", ".yml", ".ini", ".cfg", ".xml", ".lock",
@@ -67,7 +67,7 @@ def file_kinds(path: str, newer_versions: dict[str, int]) -> list[str]:
     dirs = {part.lower() for part in parts[:-1]}
     suffix = split_name(name)[1].lower()
     kinds = []
-    if dirs & _TEST_DIRS or _TEST_NAME.search(name):
+    if is_test(path):
         kinds.append("test")
     if suffix in _DOC_SUFFIXES or dirs & _DOC_DIRS:
         kinds.append("docs")

@@ -16,7 +16,7 @@ import pyarrow as pa
 from ssindex.codec import positive_mask, row_dots, stored_scores, stored_vectors
 from ssindex.config import Quantization
 from ssindex.query.fusion import Ranking
-from ssindex.util.arrays import binary_matrix, numeric_view
+from ssindex.util.arrays import best_first, binary_matrix, numeric_view
 
 PREFILTER_ROWS = 20_000
 SHORTLIST = 2_000
@@ -31,23 +31,29 @@ class DenseLeg:
         self._stored: tuple[np.ndarray, np.ndarray] | None = None
         self._signs: np.ndarray | None = None
 
-    def nearest(self, vector: np.ndarray, limit: int) -> Ranking:
-        """The ``limit`` rows nearest ``vector``, best first."""
-        if len(self.rows) >= PREFILTER_ROWS:
-            rows = self.shortlist(vector)
+    def nearest(self, vector: np.ndarray, limit: int, allowed: np.ndarray | None = None,
+                ) -> Ranking:
+        """The ``limit`` rows nearest ``vector``, best first; only rows ``allowed`` lets
+        through (``ssindex.query.filters``), when given. A filter that leaves at most
+        ``SHORTLIST`` rows of a large index makes its scan exact."""
+        if len(self.rows) < PREFILTER_ROWS:
+            scores = row_dots(self.vectors(), vector)
+            rows = np.arange(len(self.rows)) if allowed is None else np.flatnonzero(allowed)
+            scores = scores if allowed is None else scores[rows]
+        else:
+            if allowed is not None and int(np.count_nonzero(allowed)) <= SHORTLIST:
+                rows = np.flatnonzero(allowed)
+            else:
+                rows = self.shortlist(vector, allowed)
             codes, scales = self.codes()
             scores = stored_scores(np.take(codes, rows, axis=0), scales[rows],
                                    self.quantization, self.dim, vector)
-        else:
-            rows = np.arange(len(self.rows))
-            scores = row_dots(self.vectors(), vector)
-        top = np.argpartition(-scores, min(limit, len(scores) - 1))[:limit]
-        top = top[np.argsort(-scores[top], kind="stable")]
+        top = best_first(scores, limit)  # rows ascend: equal scores rank by row
         return Ranking(rows[top].astype(np.int64), scores[top].astype(np.float64))
 
-    def shortlist(self, vector: np.ndarray) -> np.ndarray:
+    def shortlist(self, vector: np.ndarray, allowed: np.ndarray | None = None) -> np.ndarray:
         """Rows whose sign bits are nearest ``vector``'s (Hamming distance): the
-        ``SHORTLIST`` nearest and any tied with the last of them."""
+        ``SHORTLIST`` nearest of those ``allowed`` and any tied with the last of them."""
         if self._signs is None:  # one uint64 row per 64 dimensions, so each pass is a vector op
             positive = positive_mask(self.codes()[0], self.quantization, self.dim)
             self._signs = np.ascontiguousarray(sign_words(positive).T)
@@ -65,9 +71,12 @@ class DenseLeg:
                 np.bitwise_xor(self._signs[word + 1], query[word + 1], out=words)
                 pair += np.bitwise_count(words, out=second)
             distance += pair
+        farthest = 64 * len(query)
+        if allowed is not None:  # blocked rows lie beyond every allowed one
+            np.putmask(distance, ~allowed, farthest + 1)
         # the cut-off distance from a histogram: cheaper than argpartition over every row
-        within = np.cumsum(np.bincount(distance, minlength=64 * len(query) + 1))
-        return np.flatnonzero(distance <= np.searchsorted(within, SHORTLIST))
+        within = np.cumsum(np.bincount(distance, minlength=farthest + 2))
+        return np.flatnonzero(distance <= min(int(np.searchsorted(within, SHORTLIST)), farthest))
 
     def codes(self) -> tuple[np.ndarray, np.ndarray]:
         """Every row's vector codes (a view of the memory-mapped snapshot) and scales."""

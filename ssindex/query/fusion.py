@@ -63,19 +63,43 @@ def reciprocal_rank_fusion(rankings: list[Ranking], k: int = RRF_K) -> Ranking:
     return _summed(rows, shares, tie_break="first")
 
 
-def _normalized(ranking: Ranking) -> np.ndarray | None:
-    """Min-max scaled scores in [0, 1]; ``None`` when the scores are all equal."""
+@dataclass(frozen=True)
+class Bounds:
+    """The score ranges each leg is normalized by: several indexes searched as one share
+    them (``ssindex.query.workspace``), so that their fused scores compare."""
+
+    dense: tuple[float, float]
+    lexical: tuple[float, float]
+
+    @classmethod
+    def over(cls, dense: list[Ranking], lexical: list[Ranking]) -> Bounds:
+        """The lowest and highest score of each leg over several rankings."""
+        def span(rankings: list[Ranking]) -> tuple[float, float]:
+            scores = [r.scores for r in rankings if len(r)]
+            if not scores:
+                return (0.0, 0.0)
+            return (min(float(s.min()) for s in scores), max(float(s.max()) for s in scores))
+
+        return cls(span(dense), span(lexical))
+
+
+def _normalized(ranking: Ranking, bounds: tuple[float, float] | None = None,
+                ) -> np.ndarray | None:
+    """Min-max scaled scores in [0, 1] (by ``bounds``, when given, else by the ranking's
+    own range); ``None`` when the range is empty."""
     if not len(ranking):
         return ranking.scores
-    low, high = ranking.scores.min(), ranking.scores.max()
+    low, high = bounds or (ranking.scores.min(), ranking.scores.max())
     if high <= low:
         return None
     return (ranking.scores - low) / (high - low)
 
 
-def fuse(dense: Ranking, lexical: Ranking, lexical_share: float) -> Ranking:
+def fuse(dense: Ranking, lexical: Ranking, lexical_share: float,
+         bounds: Bounds | None = None) -> Ranking:
     """Convex fusion of min-max normalized scores; RRF when a leg is degenerate."""
-    dense_n, lexical_n = _normalized(dense), _normalized(lexical)
+    dense_n = _normalized(dense, bounds.dense if bounds else None)
+    lexical_n = _normalized(lexical, bounds.lexical if bounds else None)
     if dense_n is None or lexical_n is None:
         return reciprocal_rank_fusion([dense, lexical])
     return _summed(np.concatenate([dense.rows, lexical.rows]),

@@ -35,8 +35,10 @@ from __future__ import annotations
 import heapq
 import math
 from collections import defaultdict
-from dataclasses import dataclass, field
+from collections.abc import Set
+from dataclasses import dataclass
 from functools import cached_property
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -56,6 +58,7 @@ from ssindex.query.conventions import (
     split_name,
     words_of,
 )
+from ssindex.query.explanation import Explanation
 from ssindex.query.fusion import Ranking
 
 SAME_FILE_DECAY = 0.3
@@ -79,24 +82,25 @@ PIECE_WEIGHT = 0.3
 function split into chunks is one answer, not several."""
 PRIORS = {"test": 0.55, "docs": 0.6, "example": 0.7, "legacy": 0.7, "older": 0.7,
           "vendored": 0.6, "stub": 0.75, "barrel": 0.7, "config": 0.6}
-@dataclass
-class Explanation:
-    """Why a result scored as it did: its fused score, the factors and additive terms
-    applied, in the module docstring's order."""
+class Evidence(NamedTuple):
+    """What file evidence is scaled by: the top candidate's score, the best file's
+    evidence."""
 
-    fused: float
-    factors: dict[str, float] = field(default_factory=dict)
-    added: dict[str, float] = field(default_factory=dict)
-    """Additive terms, applied after the factors."""
+    top: float
+    most: float
 
-    def as_json(self, dense: Ranking, lexical: Ranking, row: int) -> dict[str, object]:
-        def leg(ranking: Ranking) -> float | None:
-            found = np.flatnonzero(ranking.rows == row)
-            return round(float(ranking.scores[found[0]]), 6) if len(found) else None
 
-        return {"dense": leg(dense), "lexical": leg(lexical), "fused": round(self.fused, 6),
-                "factors": {name: round(value, 4) for name, value in self.factors.items()},
-                "added": {name: round(value, 6) for name, value in self.added.items()}}
+@dataclass(frozen=True)
+class _Rated:
+    """One query's candidates through the factors, before file evidence and diversity."""
+
+    bare: bool
+    scores: dict[int, float]
+    defined: dict[int, float]
+    asked: set[str]
+    naming: dict[int, int]
+    barrel: float
+    adjusted: dict[int, float]
 
 
 class Ranker:
@@ -175,14 +179,49 @@ class Ranker:
                 table[name.lower()].append((row, name))
         return table
 
-    def rank(self, query: str, fused: Ranking, limit: int,
+    def rank(self, query: str, fused: Ranking, limit: int, allowed: np.ndarray | None = None,
+             selected: Set[str] = frozenset(), reference: Evidence | None = None,
              ) -> tuple[Ranking, dict[int, Explanation]]:
-        """The top ``limit`` rows after the rules above, with why each scored so."""
+        """The top ``limit`` rows after the rules above, with why each scored so. Only
+        rows ``allowed`` lets through join the candidates (``ssindex.query.filters``);
+        the priors of the kinds of file a filter ``selected`` do not apply. File evidence
+        is scaled by ``reference`` when given (several indexes ranked as one)."""
         if not len(fused):
             return fused, {}
+        rated = self._rated(query, fused, allowed, selected)
+        added = {} if rated.bare else self._cohere(rated.adjusted, reference)
+        ranked, decays = self._diverse(rated.adjusted, limit)
+        explained = {}
+        files = self._files[0]
+        for row in ranked.rows.tolist():
+            file = files[row]
+            why = explained[row] = Explanation(rated.scores[row], self._priors(
+                file, rated.asked, rated.naming[file]))
+            if rated.barrel != 1.0 and self._barrel(row):
+                why.factors["prior:barrel"] = rated.barrel
+            if row in rated.defined:
+                why.factors["defines"] = rated.defined[row]
+            if row in added:
+                why.added["file evidence"] = added[row]
+            if row in decays:
+                why.factors["same file"] = decays[row]
+        return ranked, explained
+
+    def evidence(self, query: str, fused: Ranking, allowed: np.ndarray | None = None,
+                 selected: Set[str] = frozenset()) -> Evidence:
+        """The top score and the best file's evidence that ``rank`` would scale file
+        evidence by: several indexes ranked as one scale by the largest of each."""
+        if not len(fused):
+            return Evidence(0.0, 0.0)
+        rated = self._rated(query, fused, allowed, selected)
+        return self._file_evidence(rated.adjusted)[3]
+
+    def _rated(self, query: str, fused: Ranking, allowed: np.ndarray | None,
+               selected: Set[str]) -> _Rated:
+        """The candidates with their priors, definition boosts and named-file factors."""
         bare = len(query.split()) == 1
-        scores, defined = self._candidates(query, fused, bare)
-        asked = {kind for kind, pattern in ASKS.items() if pattern.search(query)}
+        scores, defined = self._candidates(query, fused, bare, allowed)
+        asked = {kind for kind, pattern in ASKS.items() if pattern.search(query)} | selected
         if "legacy" in asked:
             asked.add("older")
         words = {word: prefixes(word) for word in words_of(query) - STOP_WORDS}
@@ -195,24 +234,9 @@ class Ranker:
         for row, score in scores.items():  # the hot loop: plain lookups, no objects
             factor = scale[files[row]] * defined.get(row, 1.0)
             adjusted[row] = score * (factor * barrel if self._barrel(row) else factor)
-        added = {} if bare else self._cohere(adjusted)
-        ranked, decays = self._diverse(adjusted, limit)
-        explained = {}
-        for row in ranked.rows.tolist():
-            file = files[row]
-            why = explained[row] = Explanation(scores[row], self._priors(file, asked,
-                                                                         naming[file]))
-            if barrel != 1.0 and self._barrel(row):
-                why.factors["prior:barrel"] = barrel
-            if row in defined:
-                why.factors["defines"] = defined[row]
-            if row in added:
-                why.added["file evidence"] = added[row]
-            if row in decays:
-                why.factors["same file"] = decays[row]
-        return ranked, explained
+        return _Rated(bare, scores, defined, asked, naming, barrel, adjusted)
 
-    def _candidates(self, query: str, fused: Ranking, bare: bool,
+    def _candidates(self, query: str, fused: Ranking, bare: bool, allowed: np.ndarray | None,
                     ) -> tuple[dict[int, float], dict[int, float]]:
         """The fused rows and the definitions the query names (those the legs missed
         compete from the top score), and each definition's boost."""
@@ -222,6 +246,8 @@ class Ranker:
             return scores, {}
         strength = NAME_DEFINITION_BOOST if bare else DEFINITION_BOOST
         defined = self._defines(names, strength)
+        if allowed is not None:
+            defined = {row: boost for row, boost in defined.items() if allowed[row]}
         top = float(fused.scores[0])
         for row in sorted(defined, key=defined.__getitem__, reverse=True)[:MISSED_DEFINITIONS]:
             scores.setdefault(row, top)
@@ -248,10 +274,26 @@ class Ranker:
             self._file_scales[file] = math.prod(PRIORS[kind] for kind in self._kinds(file))
         return self._file_scales[file]
 
-    def _cohere(self, adjusted: dict[int, float]) -> dict[int, float]:
+    def _cohere(self, adjusted: dict[int, float], reference: Evidence | None,
+                ) -> dict[int, float]:
         """Raise each file's best chunk by ``COHERENCE`` of the top score, times the
-        file's evidence over the best file's; the gains, by row. A file's evidence is
-        its candidates' scores summed, each further piece of one definition counting
+        file's evidence over the best file's (``reference``'s, when given); the gains,
+        by row."""
+        rows, best, evidence, own = self._file_evidence(adjusted)
+        top, most = reference or own
+        if top <= 0 or most <= 0:
+            return {}
+        gains = dict(zip(rows[best].tolist(), (COHERENCE * top * evidence / most).tolist(),
+                         strict=True))
+        for row, gain in gains.items():
+            adjusted[row] += gain
+        return gains
+
+    def _file_evidence(self, adjusted: dict[int, float],
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray, Evidence]:
+        """The candidates best first, the position of each file's best among them, each
+        file's evidence, and the top score with the largest evidence. A file's evidence
+        is its candidates' scores summed, each further piece of one definition counting
         ``PIECE_WEIGHT`` of its score. In numpy: it reads every candidate."""
         rows = np.fromiter(adjusted, np.int64, len(adjusted))
         scores = np.fromiter(adjusted.values(), np.float64, len(adjusted))
@@ -263,14 +305,7 @@ class Ranker:
         shares[firsts] = 1.0
         _, best, local = np.unique(files, return_index=True, return_inverse=True)
         evidence = np.bincount(local, scores * shares)
-        top, most = scores[0], evidence.max()
-        if top <= 0 or most <= 0:
-            return {}
-        gains = dict(zip(rows[best].tolist(), (COHERENCE * top * evidence / most).tolist(),
-                         strict=True))
-        for row, gain in gains.items():
-            adjusted[row] += gain
-        return gains
+        return rows, best, evidence, Evidence(float(scores[0]), float(evidence.max()))
 
     @cached_property
     def _pieces(self) -> np.ndarray:

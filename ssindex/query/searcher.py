@@ -31,14 +31,56 @@ from ssindex.index.postings import NAME_WEIGHT_IDENTIFIER, NAME_WEIGHT_NATURAL, 
 from ssindex.index.remote import resolve_index
 from ssindex.index.search_files import SEARCH_FILES_VERSION
 from ssindex.query.dense import DenseLeg
-from ssindex.query.fusion import Hit, Ranking, fuse, lexical_weight
-from ssindex.query.ranking import Explanation, Ranker
+from ssindex.query.excerpt import Excerpts
+from ssindex.query.explanation import Explanation
+from ssindex.query.filters import Filters, RowFilter
+from ssindex.query.fusion import Bounds, Hit, Ranking, fuse, lexical_weight
+from ssindex.query.ranking import Evidence, Ranker
 from ssindex.text.lexical import names_identifier, query_terms
 
 CANDIDATES = 100
 """Depth of each leg's ranking before fusion."""
-_META = ["path", "start_line", "end_line", "language", "symbol", "kind"]
+_META = ["path", "start_line", "end_line", "language", "symbol", "kind", "is_test"]
 _NOTHING = Ranking(np.zeros(0, np.int64), np.zeros(0, np.float64))
+
+
+@dataclass(frozen=True)
+class Legs:
+    """One index's answer from each leg, before fusion."""
+
+    dense: Ranking
+    lexical: Ranking
+    allowed: np.ndarray | None
+    """The rows the filters let through (``None``: every row)."""
+    abstained: bool
+
+    def filters(self, filters: Filters) -> dict[str, object]:
+        """``SearchResponse.filters``: the filters set, and the rows they let through."""
+        if self.allowed is None:
+            return {}
+        return {**filters.as_json(), "rows": int(self.allowed.sum())}
+
+
+@dataclass(frozen=True)
+class Ranked:
+    """One index's top rows, with why each scored so (hybrid searches)."""
+
+    ranking: Ranking
+    why: dict[int, Explanation] = field(default_factory=dict)
+    stage_ms: float | None = None
+    """The ranking stage's time, when it ran."""
+
+
+def check_request(query: str, k: int, mode: str, context: int) -> None:
+    """A search's arguments, checked: a bad one is a ``ConfigError``."""
+    if mode not in SEARCH_MODES:
+        raise ConfigError(f"unknown mode {mode!r} (modes: {', '.join(SEARCH_MODES)})")
+    if k < 1:
+        raise ConfigError("-k must be at least 1")
+    if not query.strip():  # its vector would rank chunks by nothing the user said
+        raise ConfigError("the query is empty")
+    if context < 0:
+        raise ConfigError("--context must be at least 0")
 
 
 @dataclass
@@ -49,10 +91,19 @@ class SearchResponse:
     backend: dict[str, Any] | None = None
     timings_ms: dict[str, float] = field(default_factory=dict)
     abstained: bool = False
+    filters: dict[str, object] = field(default_factory=dict)
+    """The filters that were set (``Filters.as_json``), with ``rows``: how many rows
+    they let through."""
+    root: str | None = None
+    """The indexed directory that results' paths are relative to."""
 
     def as_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {"query": self.query, "mode": self.mode,
                                 "abstained": self.abstained, "results": self.results}
+        if self.filters:
+            data["filters"] = self.filters
+        if self.root is not None:
+            data["root"] = self.root
         if self.backend is not None:
             data["backend"] = self.backend
         data["timings_ms"] = self.timings_ms
@@ -80,25 +131,30 @@ class Searcher:
         self.dense = DenseLeg(self.rows, self.head.quantization,  # type: ignore[arg-type]
                               self.head.dim)
         self.ranker = Ranker(self.rows)
+        self.row_filter = RowFilter(self.rows)
+        self.excerpts = Excerpts(self.rows)
         self._terms: TermStats | None = None
         self._postings: Postings | None = None
 
     # -- the legs -------------------------------------------------------------------------
-    def lexical(self, query: str, limit: int = CANDIDATES) -> list[Hit]:
-        return self._lexical(query, limit).hits()
+    def lexical(self, query: str, limit: int = CANDIDATES, filters: Filters | None = None,
+                ) -> list[Hit]:
+        return self._lexical(query, limit, self.row_filter.mask(filters or Filters())).hits()
 
-    def semantic(self, query: str, limit: int = CANDIDATES) -> list[Hit]:
+    def semantic(self, query: str, limit: int = CANDIDATES, filters: Filters | None = None,
+                 ) -> list[Hit]:
         if len(self.rows) == 0:
             return []
-        return self.dense.nearest(self.embed_query(query), limit).hits()
+        return self.dense.nearest(self.embed_query(query), limit,
+                                  self.row_filter.mask(filters or Filters())).hits()
 
-    def _lexical(self, query: str, limit: int) -> Ranking:
+    def _lexical(self, query: str, limit: int, allowed: np.ndarray | None) -> Ranking:
         terms = query_terms(query).split()
         if not terms:
             return _NOTHING
         name_weight = (NAME_WEIGHT_IDENTIFIER if names_identifier(query)
                        else NAME_WEIGHT_NATURAL)
-        docs, scores = self.postings.top(terms, limit, name_weight)
+        docs, scores = self.postings.top(terms, limit, name_weight, allowed)
         return Ranking(docs.astype(np.int64), scores.astype(np.float64))
 
     def embed_query(self, query: str) -> np.ndarray:
@@ -113,60 +169,88 @@ class Searcher:
         self.term_stats  # noqa: B018 (loads the abstention statistics)
         return self
 
-    def search(self, query: str, k: int = 10, mode: str = "hybrid",
-               abstain: bool = True, explain: bool = False) -> SearchResponse:
-        """The top ``k`` chunks; none, with ``abstained`` set, when the index has nothing
-        to say (see ``ssindex.index.abstention``; ``abstain=False`` always answers).
-        ``explain`` adds each hybrid result's leg scores and ranking factors."""
-        if mode not in SEARCH_MODES:
-            raise ConfigError(f"unknown mode {mode!r} (modes: {', '.join(SEARCH_MODES)})")
-        if k < 1:
-            raise ConfigError("-k must be at least 1")
-        if not query.strip():  # its vector would rank chunks by nothing the user said
-            raise ConfigError("the query is empty")
+    def search(self, query: str, k: int = 10, mode: str = "hybrid", abstain: bool = True,
+               explain: bool = False, filters: Filters | None = None, context: int = 0,
+               ) -> SearchResponse:
+        """The top ``k`` chunks of those ``filters`` let through; none, with ``abstained``
+        set, when the index has nothing to say (see ``ssindex.index.abstention``;
+        ``abstain=False`` always answers). ``explain`` adds each hybrid result's leg
+        scores and ranking factors, ``context`` that many lines around each result."""
+        check_request(query, k, mode, context)
         started = time.perf_counter()
+        filters = filters or Filters()
+        legs = self.legs(query, k, mode, filters, abstain)
+        ranked = self.ranked(query, k, mode, legs, filters)
+        results = self.results(ranked, legs, explain, context)
+        elapsed = {"total": round((time.perf_counter() - started) * 1000, 2)}
+        if ranked.stage_ms is not None:
+            elapsed["ranking"] = round(ranked.stage_ms, 3)
+        return SearchResponse(query, mode, results, self.backend, elapsed, legs.abstained,
+                              legs.filters(filters), self.head.data.get("root"))
+
+    def legs(self, query: str, k: int, mode: str, filters: Filters, abstain: bool,
+             vector: np.ndarray | None = None) -> Legs:
+        """Each leg's ``max(CANDIDATES, k)`` best rows of those ``filters`` let through,
+        for ``mode``, and whether to abstain; ``vector`` is the query's, when embedded."""
+        allowed = self.row_filter.mask(filters)
         depth = max(CANDIDATES, k)
         dense = lexical = _NOTHING
-        why: dict[int, Explanation] = {}
-        ranking_ms = 0.0
         lexical_leg: Future[Ranking] | None = None
         if mode != "lexical" and len(self.rows):
-            vector = self.embed_query(query)
+            vector = self.embed_query(query) if vector is None else vector
             if mode == "hybrid":  # the dense scan is single-threaded: the other core is free
-                lexical_leg = self._lexical_worker.submit(self._lexical, query, depth)
-            dense = self.dense.nearest(vector, depth)
+                lexical_leg = self._lexical_worker.submit(self._lexical, query, depth, allowed)
+            dense = self.dense.nearest(vector, depth, allowed)
         if lexical_leg is not None:
             lexical = lexical_leg.result()
-        abstained = abstain and self._abstains(query, dense)
-        if abstained:
-            ranking = _NOTHING
         elif mode == "lexical":
-            ranking = self._lexical(query, k)
-        elif mode == "semantic":
-            ranking = dense
-        else:
-            fused = fuse(dense, lexical, lexical_weight(query))
-            ranking_started = time.perf_counter()
-            ranking, why = self.ranker.rank(query, fused, k)
-            ranking_ms = (time.perf_counter() - ranking_started) * 1000
-        ranked = self._fetch(ranking.hits(k))
-        if explain and mode == "hybrid" and not abstained:
-            for hit, row in zip(ranked, ranking.rows.tolist(), strict=True):
-                hit["explain"] = why[row].as_json(dense, lexical, row)
-        elapsed = {"total": round((time.perf_counter() - started) * 1000, 2)}
-        if mode == "hybrid" and not abstained:
-            elapsed["ranking"] = round(ranking_ms, 3)
-        backend = self._selection.as_json() if self._selection is not None else None
-        return SearchResponse(query, mode, ranked, backend, elapsed, abstained)
+            lexical = self._lexical(query, depth, allowed)
+        # a filter that lets nothing through has an empty answer, not an abstention
+        abstained = abstain and (allowed is None or bool(allowed.any())) and \
+            self._abstains(query, dense, allowed)
+        return Legs(dense, lexical, allowed, abstained)
 
-    def _abstains(self, query: str, dense: Ranking) -> bool:
+    def ranked(self, query: str, k: int, mode: str, legs: Legs, filters: Filters,
+               bounds: Bounds | None = None, reference: Evidence | None = None) -> Ranked:
+        """The top ``k`` of ``legs`` for ``mode``: a leg's own, or fused and re-ranked
+        (``bounds`` and ``reference``: the score ranges and file evidence to scale by,
+        when not this index's own; ``ssindex.query.workspace``)."""
+        if legs.abstained:
+            return Ranked(_NOTHING)
+        if mode != "hybrid":
+            ranking = legs.lexical if mode == "lexical" else legs.dense
+            return Ranked(Ranking(ranking.rows[:k], ranking.scores[:k]))
+        fused = fuse(legs.dense, legs.lexical, lexical_weight(query), bounds)
+        started = time.perf_counter()
+        ranking, why = self.ranker.rank(query, fused, k, legs.allowed, filters.asked(),
+                                        reference)
+        return Ranked(ranking, why, (time.perf_counter() - started) * 1000)
+
+    def results(self, ranked: Ranked, legs: Legs, explain: bool = False, context: int = 0,
+                ) -> list[dict[str, Any]]:
+        """The rows of ``ranked`` as results: metadata, text, score, and the explanation
+        and context lines when asked."""
+        results = self._fetch(ranked.ranking.hits())
+        for hit, row in zip(results, ranked.ranking.rows.tolist(), strict=True):
+            if explain and row in ranked.why:
+                hit["explain"] = ranked.why[row].as_json(legs.dense, legs.lexical, row)
+            if context:
+                hit["context"] = self.excerpts.around(row, context)
+        return results
+
+    @property
+    def backend(self) -> dict[str, Any] | None:
+        """The query backend chosen, once the query encoder has loaded."""
+        return self._selection.as_json() if self._selection is not None else None
+
+    def _abstains(self, query: str, dense: Ranking, allowed: np.ndarray | None) -> bool:
         thresholds = self._thresholds
         if thresholds is None:
             return False
         if self.term_stats.grounding(query) >= thresholds.lexical:
             return False
         if not len(dense) and len(self.rows):  # a lexical search: the dense leg did not run
-            dense = self.dense.nearest(self.embed_query(query), 1)
+            dense = self.dense.nearest(self.embed_query(query), 1, allowed)
         best = float(dense.scores[0]) if len(dense) else 0.0
         return best < thresholds.semantic
 

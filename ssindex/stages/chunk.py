@@ -57,6 +57,8 @@ _DEFINITION_KINDS: dict[str, str] = {
     "namespace_definition": "namespace", "namespace_declaration": "namespace",
     "type_declaration": "type", "type_alias_declaration": "type",
 }
+CHUNK_KINDS = frozenset({*_DEFINITION_KINDS.values(), "module"})
+"""Every kind a chunk can have: what it defines, or ``module`` (the code between)."""
 _CONTAINER_KINDS = frozenset({"class", "object", "interface", "trait", "struct", "impl", "enum"})
 _CLOSERS = frozenset({
     "}", ")", "]", "end", "fi", "done", "esac",

@@ -22,6 +22,9 @@ _BY_NAME: dict[str, str] = {
     "Gemfile": "ruby", "Rakefile": "ruby",
 }
 
+LANGUAGES: frozenset[str] = frozenset({*_BY_SUFFIX.values(), *_BY_NAME.values()})
+"""Every language a chunk can be marked with."""
+
 AST_LANGUAGES: frozenset[str] = frozenset({
     "python", "javascript", "typescript", "tsx", "go", "rust", "java", "c", "cpp",
     "csharp", "ruby", "php", "kotlin", "swift", "scala", "bash",
@@ -36,3 +39,12 @@ def detect_language(path: str) -> str | None:
         return _BY_NAME[name]
     dot = name.rfind(".")
     return _BY_SUFFIX.get(name[dot:].lower()) if 0 < dot < len(name) - 1 else None
+
+
+def language_named(name: str) -> str | None:
+    """The language a user names: its own name or a file suffix of it (``py``, ``.ts``),
+    any case; ``None`` when no known language is meant."""
+    name = name.strip().lower()
+    if name in LANGUAGES:
+        return name
+    return _BY_SUFFIX.get(name if name.startswith(".") else f".{name}")

@@ -22,6 +22,7 @@ from typing import Any
 
 from ssindex.errors import ConfigError, SsindexError
 from ssindex.index.layout import HEAD, status_data
+from ssindex.query.filters import Filters
 from ssindex.query.searcher import Searcher
 
 INSTRUCTIONS = (
@@ -29,7 +30,8 @@ INSTRUCTIONS = (
     "(path, start_line, end_line, symbol, kind, score, text); `status` says what "
     "the index holds and when it was built."
 )
-RESULT_FIELDS = ("path", "start_line", "end_line", "language", "symbol", "kind", "score", "text")
+RESULT_FIELDS = ("path", "start_line", "end_line", "language", "symbol", "kind", "is_test",
+                 "score", "text")
 
 
 class WarmSearcher:
@@ -42,16 +44,18 @@ class WarmSearcher:
         self._head_stamp = self._stamp()
         self._searcher = self._open()
 
-    def search(self, query: str, k: int = 10, mode: str = "hybrid") -> dict[str, Any]:
+    def search(self, query: str, k: int = 10, mode: str = "hybrid",
+               filters: Filters | None = None, context: int = 0) -> dict[str, Any]:
         with self._lock, contextlib.redirect_stdout(sys.stderr):
             stamp = self._stamp()
             if stamp != self._head_stamp:
                 self._searcher, self._head_stamp = self._open(), stamp
-            data = self._searcher.search(query, k=k, mode=mode).as_json()
+            data = self._searcher.search(query, k=k, mode=mode, filters=filters,
+                                         context=context).as_json()
         if data.get("abstained"):
             return {**data, "results": []}
-        data["results"] = [{key: hit.get(key) for key in RESULT_FIELDS}
-                           for hit in data["results"]]
+        kept = RESULT_FIELDS + (("context",) if context else ())
+        data["results"] = [{key: hit.get(key) for key in kept} for hit in data["results"]]
         return data
 
     def _open(self) -> Searcher:
@@ -100,14 +104,22 @@ def create_server(index_path: Path, backend: str | None = None) -> Any:
     server = server_class("ssindex", instructions=INSTRUCTIONS, log_level="WARNING")
 
     @server.tool()
-    def search(query: str, k: int = 10, mode: str = "hybrid") -> dict[str, Any]:
+    def search(query: str, k: int = 10, mode: str = "hybrid", path: list[str] | None = None,
+               exclude: list[str] | None = None, lang: list[str] | None = None,
+               kind: list[str] | None = None, symbol: str | None = None,
+               tests: str = "include", context: int = 0) -> dict[str, Any]:
         """Search the code index; mode is hybrid, lexical or semantic.
 
-        Returns the query, mode and `results`: ranked chunks, best first, each with
-        path, start_line, end_line, language, symbol, kind, score and text.
+        Filters, applied before ranking: `path` and `exclude` take gitignore-style globs
+        (`src/`, `*.go`); `lang` languages (python, go...); `kind` chunk kinds (function,
+        method, class, module...); `symbol` a name, or a prefix ending in `*`; `tests`
+        include, only or exclude test code. `context` adds that many lines around each
+        result. Returns the query, mode and `results`: ranked chunks, best first, each
+        with path, start_line, end_line, language, symbol, kind, is_test, score and text.
         """
         try:
-            return searcher.search(query, k=k, mode=mode)
+            filters = Filters.of(path, exclude, lang, kind, symbol, tests)
+            return searcher.search(query, k=k, mode=mode, filters=filters, context=context)
         except SsindexError as exc:  # the agent's to read and correct, e.g. a bad mode
             raise tool_error(str(exc)) from exc
 

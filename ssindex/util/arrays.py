@@ -32,3 +32,43 @@ def numeric_view(array: pa.Array | pa.ChunkedArray, dtype: type[np.generic]) -> 
     if array.null_count:
         raise IndexCorrupt(f"unexpected nulls in a stored {array.type} column")
     return np.frombuffer(array.buffers()[1], dtype)[array.offset : array.offset + len(array)]
+
+
+def flags(array: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """A boolean Arrow array (bit-packed) as a numpy bool array; nulls read as False."""
+    if isinstance(array, pa.ChunkedArray):
+        array = array.combine_chunks()
+    if len(array) == 0:
+        return np.zeros(0, bool)
+    validity, values = array.buffers()[:2]
+    start, end = array.offset, array.offset + len(array)
+
+    def bits(buffer: pa.Buffer) -> np.ndarray:
+        return np.unpackbits(np.frombuffer(buffer, np.uint8), bitorder="little")[start:end]
+
+    marks = bits(values).astype(bool)
+    return marks & bits(validity).astype(bool) if validity is not None else marks
+
+
+def distinct(column: pa.Array | pa.ChunkedArray) -> tuple[pa.Array, np.ndarray]:
+    """``column``'s distinct values (null among them, as a value) and each row's index
+    into them: a dictionary encoding."""
+    import pyarrow.compute as pc  # here, not above: a search without filters never needs it
+
+    encoded = pc.dictionary_encode(column, null_encoding="encode")
+    if isinstance(encoded, pa.ChunkedArray):
+        encoded = encoded.combine_chunks()
+    return encoded.dictionary, numeric_view(encoded.indices, np.int32)
+
+
+def best_first(scores: np.ndarray, limit: int) -> np.ndarray:
+    """Indices of the ``limit`` highest ``scores``, best first, equal scores by index: the
+    same answer every time, where ``argpartition`` picks among ties at the cut at random."""
+    top = np.arange(len(scores))
+    if len(scores) > limit > 0:
+        cut = np.partition(scores, len(scores) - limit)[len(scores) - limit]
+        above = np.flatnonzero(scores > cut)
+        top = np.concatenate([above, np.flatnonzero(scores == cut)[: limit - len(above)]])
+    elif limit <= 0:
+        top = top[:0]
+    return top[np.lexsort((top, -scores[top]))]

@@ -1,0 +1,122 @@
+"""Several indexes searched as one: ``ssindex search --index A --index B``, or a
+workspace file that lists them.
+
+Each index ranks its own candidates, but the scores must compare across indexes. A
+leg's scores do: the indexes share one model, so cosines are on one scale, and BM25
+scores are close enough to one (their idf differ by collection, not by kind). Fused
+scores would not: each index normalizes its legs by its own range, which makes every
+index's best hit score ~1 however poor it is. So the legs run in every index first,
+each leg is normalized over the union of all indexes' candidates (``Bounds``), and
+only then does each index fuse and rank, its file evidence scaled by the best over all
+indexes (``Evidence``) for the same reason; the merged top ``k`` is taken by score.
+
+A workspace file is TOML:
+
+    indexes = ["../api/.ssindex", "../web/.ssindex", "s3://bucket/shared-lib"]
+
+Relative paths are relative to the file.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from ssindex.errors import ConfigError
+from ssindex.query.filters import Filters
+from ssindex.query.fusion import Bounds, fuse, lexical_weight
+from ssindex.query.ranking import Evidence
+from ssindex.query.searcher import Legs, Searcher, SearchResponse, check_request
+
+SETTINGS = ("model.fingerprint", "model.max_tokens", "model.dim", "quantization",
+            "settings.config.chunk")
+"""What indexes searched together must share, from each one's ``HEAD.json``: their
+vectors and scores compare only then (the walk's settings may differ by repository)."""
+
+
+def workspace_indexes(path: Path) -> list[str]:
+    """The indexes a workspace file lists, relative ones made relative to the file."""
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"cannot read the workspace file {path}: {exc}") from exc
+    listed = data.get("indexes")
+    if not isinstance(listed, list) or not listed or \
+            not all(isinstance(item, str) and item for item in listed):
+        raise ConfigError(f"{path}: `indexes` must be a list of index paths or URIs")
+    return [item if "://" in item or os.path.isabs(item) else os.fspath(path.parent / item)
+            for item in listed]
+
+
+class Workspace:
+    """Searches several indexes of one model and settings as one."""
+
+    def __init__(self, searchers: list[Searcher]) -> None:
+        if not searchers:
+            raise ConfigError("a workspace needs at least one index")
+        self.searchers = searchers
+        first = searchers[0]
+        for other in searchers[1:]:
+            if other.index.path == first.index.path:
+                raise ConfigError(f"the index {other.index.path} is given twice")
+            for setting in SETTINGS:
+                if _setting(other, setting) != _setting(first, setting):
+                    raise ConfigError(
+                        f"{other.index.path} and {first.index.path} differ in {setting} "
+                        f"({_setting(other, setting)} vs {_setting(first, setting)}): indexes "
+                        "searched together need one model and the same settings")
+
+    def search(self, query: str, k: int = 10, mode: str = "hybrid", abstain: bool = True,
+               explain: bool = False, filters: Filters | None = None, context: int = 0,
+               ) -> SearchResponse:
+        """``Searcher.search`` over every index, merged by score; each result names its
+        ``index`` and ``root``. It abstains only when every index does."""
+        check_request(query, k, mode, context)
+        started = time.perf_counter()
+        filters = filters or Filters()
+        first = self.searchers[0]
+        vector = first.embed_query(query) if mode != "lexical" and any(
+            len(s.rows) for s in self.searchers) else None
+        legs = [s.legs(query, k, mode, filters, abstain, vector) for s in self.searchers]
+        answering = [leg for leg in legs if not leg.abstained]
+        bounds = Bounds.over([leg.dense for leg in answering],
+                             [leg.lexical for leg in answering])
+        reference = self._evidence(query, mode, legs, filters, bounds)
+        merged: list[tuple[float, int, dict[str, Any]]] = []
+        for number, (searcher, leg) in enumerate(zip(self.searchers, legs, strict=True)):
+            ranked = searcher.ranked(query, k, mode, leg, filters, bounds, reference)
+            for hit in searcher.results(ranked, leg, explain, context):
+                hit.update(index=os.fspath(searcher.index.path),
+                           root=searcher.head.data.get("root"))
+                merged.append((hit["score"], number, hit))
+        merged.sort(key=lambda item: (-item[0], item[1]))
+        chosen = {**filters.as_json(), "rows": sum(int(leg.allowed.sum()) for leg in legs
+                                                   if leg.allowed is not None)}
+        return SearchResponse(
+            query, mode, [hit for _, _, hit in merged[:k]], first.backend,
+            {"total": round((time.perf_counter() - started) * 1000, 2)},
+            abstained=not answering, filters=chosen if filters.active else {})
+
+    def _evidence(self, query: str, mode: str, legs: list[Legs], filters: Filters,
+                  bounds: Bounds) -> Evidence | None:
+        """The largest top score and file evidence over the indexes (hybrid searches):
+        each index's own would raise its best file as if it were the best of all."""
+        if mode != "hybrid":
+            return None
+        found = [searcher.ranker.evidence(query, fuse(leg.dense, leg.lexical,
+                                                      lexical_weight(query), bounds),
+                                          leg.allowed, filters.asked())
+                 for searcher, leg in zip(self.searchers, legs, strict=True)
+                 if not leg.abstained]
+        return Evidence(max((e.top for e in found), default=0.0),
+                        max((e.most for e in found), default=0.0))
+
+
+def _setting(searcher: Searcher, dotted: str) -> Any:
+    value: Any = searcher.head.data
+    for key in dotted.split("."):
+        value = value.get(key) if isinstance(value, dict) else None
+    return value
