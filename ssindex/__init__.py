@@ -3,6 +3,7 @@
     from ssindex import build, Searcher
     stats = build("path/to/repo")
     hits = Searcher("path/to/repo/.ssindex").search("parse a config file")
+    hits = Searcher(...).search("retry", filters=Filters.of(paths=["src/"], tests="exclude"))
 """
 
 import os
@@ -17,7 +18,8 @@ from typing import Any
 from ssindex.config import BuildConfig, load_config
 from ssindex.errors import SsindexError
 
-__all__ = ["BuildConfig", "SearchResponse", "Searcher", "SsindexError", "build", "load_config"]
+__all__ = ["BuildConfig", "Filters", "SearchResponse", "Searcher", "SsindexError", "Workspace",
+           "build", "load_config"]
 __version__ = "0.1.0"
 
 
@@ -32,4 +34,12 @@ def __getattr__(name: str) -> Any:
         from ssindex.query import searcher
 
         return getattr(searcher, name)
+    if name == "Filters":
+        from ssindex.query.filters import Filters
+
+        return Filters
+    if name == "Workspace":
+        from ssindex.query.workspace import Workspace
+
+        return Workspace
     raise AttributeError(f"module 'ssindex' has no attribute {name!r}")
