@@ -146,13 +146,13 @@ def _report_staleness(reasons: list[str], as_json: bool) -> None:
     raise typer.Exit(1 if reasons else 0)
 
 
-GlobsOpt = list[str] | None
+ValuesOpt = list[str] | None
 
 
 @app.command()
 def search(
     query: Annotated[str, typer.Argument(help="Natural language or identifiers.")],
-    index: Annotated[GlobsOpt, typer.Option(
+    index: Annotated[ValuesOpt, typer.Option(
         "--index", help="Index directory or object-store URI; repeat it to search several "
         "as one.")] = None,
     workspace: Annotated[Path | None, typer.Option(
@@ -160,14 +160,14 @@ def search(
     )] = None,
     k: Annotated[int, typer.Option("-k", help="Number of results.")] = 10,
     mode: Annotated[str, typer.Option("--mode", help="hybrid, lexical or semantic.")] = "hybrid",
-    path: Annotated[GlobsOpt, typer.Option(
+    path: Annotated[ValuesOpt, typer.Option(
         "--path", help="Only files a gitignore-style glob selects (repeatable: src/, *.go).",
     )] = None,
-    exclude: Annotated[GlobsOpt, typer.Option(
+    exclude: Annotated[ValuesOpt, typer.Option(
         "--exclude", help="No files a gitignore-style glob selects (repeatable).")] = None,
-    lang: Annotated[GlobsOpt, typer.Option(
+    lang: Annotated[ValuesOpt, typer.Option(
         "--lang", help="Only these languages (repeatable or comma-separated: go,rust).")] = None,
-    kind: Annotated[GlobsOpt, typer.Option(
+    kind: Annotated[ValuesOpt, typer.Option(
         "--kind", help="Only these chunk kinds (function, method, class, module...).")] = None,
     symbol: Annotated[str | None, typer.Option(
         "--symbol", help="Only chunks of this symbol, whole or its last part; NAME* for a "

@@ -11,30 +11,31 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from ssindex.util.arrays import distinct
+from ssindex.query.filters import RowFilter
+from ssindex.util.arrays import numeric_view
 
 
 class Excerpts:
     """Context lines of one pinned version's rows (path, start_line, end_line, text)."""
 
-    def __init__(self, rows: pa.Table) -> None:
+    def __init__(self, rows: pa.Table, row_filter: RowFilter) -> None:
         self.rows = rows
-        self._files: np.ndarray | None = None
+        self.row_filter = row_filter
+        """Whose encoding of ``path`` numbers each row's file."""
 
     def around(self, row: int, lines: int) -> dict[str, list[str]]:
         """Up to ``lines`` lines before row ``row``'s chunk and after it: ``before`` ends
         on the line above its first, ``after`` starts below its last. Either stops early
         at the file's edge or at a line no chunk holds."""
-        if self._files is None:
-            self._files = distinct(self.rows.column("path"))[1]
-        neighbours = np.flatnonzero(self._files == self._files[row]).tolist()
-        starts, ends = self.rows.column("start_line"), self.rows.column("end_line")
-        start, end = starts[row].as_py(), ends[row].as_py()
+        files = self.row_filter.encoding("path")[1]
+        starts = numeric_view(self.rows.column("start_line"), np.int32)
+        ends = numeric_view(self.rows.column("end_line"), np.int32)
+        start, end = int(starts[row]), int(ends[row])
+        near = (files == files[row]) & (starts <= end + lines) & (ends >= start - lines)
+        near[row] = False
         known: dict[int, str] = {}
-        for other in neighbours:
-            first, last = starts[other].as_py(), ends[other].as_py()
-            if other == row or first > end + lines or last < start - lines:
-                continue
+        for other in np.flatnonzero(near).tolist():
+            first, last = int(starts[other]), int(ends[other])
             text = self.rows.column("text")[other].as_py().split("\n")[: last - first + 1]
             known.update(zip(range(first, last + 1), text, strict=False))
         before = []

@@ -155,7 +155,7 @@ class RowFilter:
         """Rows whose ``column`` value the patterns select (the last that matches decides)."""
         import pyarrow.compute as pc  # here: a search without filters never needs it (~0.1 s)
 
-        values, indices = self._encoding(column)
+        values, indices = self.encoding(column)
         selected = np.zeros(len(values), bool)
         for selects, pattern in patterns:
             matched = flags(pc.match_substring_regex(values, pattern))
@@ -163,10 +163,12 @@ class RowFilter:
         return selected[indices]
 
     def _among(self, column: str, wanted: tuple[str, ...]) -> np.ndarray:
-        values, indices = self._encoding(column)
+        values, indices = self.encoding(column)
         return np.array([value in wanted for value in values.to_pylist()], bool)[indices]
 
-    def _encoding(self, column: str) -> tuple[pa.Array, np.ndarray]:
+    def encoding(self, column: str) -> tuple[pa.Array, np.ndarray]:
+        """``column``'s distinct values and each row's index into them, kept: context
+        lines (``ssindex.query.excerpt``) number files by the same encoding of ``path``."""
         if column not in self._encoded:
             self._encoded[column] = distinct(self.rows.column(column))
         return self._encoded[column]

@@ -36,7 +36,7 @@ import heapq
 import math
 from collections import defaultdict
 from collections.abc import Set
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import NamedTuple
 
@@ -91,16 +91,18 @@ class Evidence(NamedTuple):
 
 
 @dataclass(frozen=True)
-class _Rated:
-    """One query's candidates through the factors, before file evidence and diversity."""
+class Rated:
+    """One query's candidates through the factors, before file evidence and diversity
+    (``Ranker.rate``); ``Ranker.ranked`` finishes it, once."""
 
-    bare: bool
-    scores: dict[int, float]
-    defined: dict[int, float]
-    asked: set[str]
-    naming: dict[int, int]
-    barrel: float
-    adjusted: dict[int, float]
+    fused: Ranking
+    bare: bool = False
+    scores: dict[int, float] = field(default_factory=dict)
+    defined: dict[int, float] = field(default_factory=dict)
+    asked: set[str] = field(default_factory=set)
+    naming: dict[int, int] = field(default_factory=dict)
+    barrel: float = 1.0
+    adjusted: dict[int, float] = field(default_factory=dict)
 
 
 class Ranker:
@@ -186,9 +188,13 @@ class Ranker:
         rows ``allowed`` lets through join the candidates (``ssindex.query.filters``);
         the priors of the kinds of file a filter ``selected`` do not apply. File evidence
         is scaled by ``reference`` when given (several indexes ranked as one)."""
-        if not len(fused):
-            return fused, {}
-        rated = self._rated(query, fused, allowed, selected)
+        return self.ranked(self.rate(query, fused, allowed, selected), limit, reference)
+
+    def ranked(self, rated: Rated, limit: int, reference: Evidence | None = None,
+               ) -> tuple[Ranking, dict[int, Explanation]]:
+        """``rank``'s second half: file evidence, diversity and the explanations."""
+        if not len(rated.fused):
+            return rated.fused, {}
         added = {} if rated.bare else self._cohere(rated.adjusted, reference)
         ranked, decays = self._diverse(rated.adjusted, limit)
         explained = {}
@@ -207,18 +213,19 @@ class Ranker:
                 why.factors["same file"] = decays[row]
         return ranked, explained
 
-    def evidence(self, query: str, fused: Ranking, allowed: np.ndarray | None = None,
-                 selected: Set[str] = frozenset()) -> Evidence:
-        """The top score and the best file's evidence that ``rank`` would scale file
+    def evidence(self, rated: Rated) -> Evidence:
+        """The top score and the best file's evidence that ``ranked`` would scale file
         evidence by: several indexes ranked as one scale by the largest of each."""
-        if not len(fused):
+        if not len(rated.fused):
             return Evidence(0.0, 0.0)
-        rated = self._rated(query, fused, allowed, selected)
         return self._file_evidence(rated.adjusted)[3]
 
-    def _rated(self, query: str, fused: Ranking, allowed: np.ndarray | None,
-               selected: Set[str]) -> _Rated:
-        """The candidates with their priors, definition boosts and named-file factors."""
+    def rate(self, query: str, fused: Ranking, allowed: np.ndarray | None = None,
+             selected: Set[str] = frozenset()) -> Rated:
+        """``rank``'s first half: the candidates with their priors, definition boosts
+        and named-file factors."""
+        if not len(fused):
+            return Rated(fused)
         bare = len(query.split()) == 1
         scores, defined = self._candidates(query, fused, bare, allowed)
         asked = {kind for kind, pattern in ASKS.items() if pattern.search(query)} | selected
@@ -234,7 +241,7 @@ class Ranker:
         for row, score in scores.items():  # the hot loop: plain lookups, no objects
             factor = scale[files[row]] * defined.get(row, 1.0)
             adjusted[row] = score * (factor * barrel if self._barrel(row) else factor)
-        return _Rated(bare, scores, defined, asked, naming, barrel, adjusted)
+        return Rated(fused, bare, scores, defined, asked, naming, barrel, adjusted)
 
     def _candidates(self, query: str, fused: Ranking, bare: bool, allowed: np.ndarray | None,
                     ) -> tuple[dict[int, float], dict[int, float]]:

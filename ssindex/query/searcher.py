@@ -34,8 +34,8 @@ from ssindex.query.dense import DenseLeg
 from ssindex.query.excerpt import Excerpts
 from ssindex.query.explanation import Explanation
 from ssindex.query.filters import Filters, RowFilter
-from ssindex.query.fusion import Bounds, Hit, Ranking, fuse, lexical_weight
-from ssindex.query.ranking import Evidence, Ranker
+from ssindex.query.fusion import Hit, Ranking, fuse, lexical_weight
+from ssindex.query.ranking import Ranker
 from ssindex.text.lexical import names_identifier, query_terms
 
 CANDIDATES = 100
@@ -132,7 +132,7 @@ class Searcher:
                               self.head.dim)
         self.ranker = Ranker(self.rows)
         self.row_filter = RowFilter(self.rows)
-        self.excerpts = Excerpts(self.rows)
+        self.excerpts = Excerpts(self.rows, self.row_filter)
         self._terms: TermStats | None = None
         self._postings: Postings | None = None
 
@@ -210,20 +210,16 @@ class Searcher:
             self._abstains(query, dense, allowed)
         return Legs(dense, lexical, allowed, abstained)
 
-    def ranked(self, query: str, k: int, mode: str, legs: Legs, filters: Filters,
-               bounds: Bounds | None = None, reference: Evidence | None = None) -> Ranked:
-        """The top ``k`` of ``legs`` for ``mode``: a leg's own, or fused and re-ranked
-        (``bounds`` and ``reference``: the score ranges and file evidence to scale by,
-        when not this index's own; ``ssindex.query.workspace``)."""
+    def ranked(self, query: str, k: int, mode: str, legs: Legs, filters: Filters) -> Ranked:
+        """The top ``k`` of ``legs`` for ``mode``: a leg's own, or fused and re-ranked."""
         if legs.abstained:
             return Ranked(_NOTHING)
         if mode != "hybrid":
             ranking = legs.lexical if mode == "lexical" else legs.dense
             return Ranked(Ranking(ranking.rows[:k], ranking.scores[:k]))
-        fused = fuse(legs.dense, legs.lexical, lexical_weight(query), bounds)
+        fused = fuse(legs.dense, legs.lexical, lexical_weight(query))
         started = time.perf_counter()
-        ranking, why = self.ranker.rank(query, fused, k, legs.allowed, filters.asked(),
-                                        reference)
+        ranking, why = self.ranker.rank(query, fused, k, legs.allowed, filters.asked())
         return Ranked(ranking, why, (time.perf_counter() - started) * 1000)
 
     def results(self, ranked: Ranked, legs: Legs, explain: bool = False, context: int = 0,

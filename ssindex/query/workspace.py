@@ -29,7 +29,7 @@ from ssindex.errors import ConfigError
 from ssindex.query.filters import Filters
 from ssindex.query.fusion import Bounds, fuse, lexical_weight
 from ssindex.query.ranking import Evidence
-from ssindex.query.searcher import Legs, Searcher, SearchResponse, check_request
+from ssindex.query.searcher import Legs, Ranked, Searcher, SearchResponse, check_request
 
 SETTINGS = ("model.fingerprint", "model.max_tokens", "model.dim", "quantization",
             "settings.config.chunk")
@@ -84,11 +84,10 @@ class Workspace:
         answering = [leg for leg in legs if not leg.abstained]
         bounds = Bounds.over([leg.dense for leg in answering],
                              [leg.lexical for leg in answering])
-        reference = self._evidence(query, mode, legs, filters, bounds)
+        ranked = self._ranked(query, k, mode, legs, filters, bounds)
         merged: list[tuple[float, int, dict[str, Any]]] = []
         for number, (searcher, leg) in enumerate(zip(self.searchers, legs, strict=True)):
-            ranked = searcher.ranked(query, k, mode, leg, filters, bounds, reference)
-            for hit in searcher.results(ranked, leg, explain, context):
+            for hit in searcher.results(ranked[number], leg, explain, context):
                 hit.update(index=os.fspath(searcher.index.path),
                            root=searcher.head.data.get("root"))
                 merged.append((hit["score"], number, hit))
@@ -100,19 +99,25 @@ class Workspace:
             {"total": round((time.perf_counter() - started) * 1000, 2)},
             abstained=not answering, filters=chosen if filters.active else {})
 
-    def _evidence(self, query: str, mode: str, legs: list[Legs], filters: Filters,
-                  bounds: Bounds) -> Evidence | None:
-        """The largest top score and file evidence over the indexes (hybrid searches):
-        each index's own would raise its best file as if it were the best of all."""
+    def _ranked(self, query: str, k: int, mode: str, legs: list[Legs], filters: Filters,
+                bounds: Bounds) -> list[Ranked]:
+        """Each index's top ``k``. A hybrid search fuses each by the shared ``bounds``
+        and scales file evidence by the largest over the indexes: each index's own
+        would raise its best file as if it were the best of all."""
         if mode != "hybrid":
-            return None
-        found = [searcher.ranker.evidence(query, fuse(leg.dense, leg.lexical,
-                                                      lexical_weight(query), bounds),
-                                          leg.allowed, filters.asked())
-                 for searcher, leg in zip(self.searchers, legs, strict=True)
-                 if not leg.abstained]
-        return Evidence(max((e.top for e in found), default=0.0),
-                        max((e.most for e in found), default=0.0))
+            return [searcher.ranked(query, k, mode, leg, filters)
+                    for searcher, leg in zip(self.searchers, legs, strict=True)]
+        rated = [searcher.ranker.rate(query, fuse(leg.dense, leg.lexical, lexical_weight(query),
+                                                  bounds), leg.allowed, filters.asked())
+                 if not leg.abstained else None
+                 for searcher, leg in zip(self.searchers, legs, strict=True)]
+        found = [searcher.ranker.evidence(one)
+                 for searcher, one in zip(self.searchers, rated, strict=True) if one]
+        reference = Evidence(max((e.top for e in found), default=0.0),
+                             max((e.most for e in found), default=0.0))
+        return [Ranked(*searcher.ranker.ranked(one, k, reference)) if one  # abstained: none
+                else searcher.ranked(query, k, mode, leg, filters)
+                for searcher, leg, one in zip(self.searchers, legs, rated, strict=True)]
 
 
 def _setting(searcher: Searcher, dotted: str) -> Any:
