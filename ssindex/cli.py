@@ -81,6 +81,9 @@ def build(
         "key and credential files, redact tokens and passwords).")] = False,
     check: Annotated[bool, typer.Option(
         "--check", help="Build nothing: exit 1 if the index is stale, 0 if current.")] = False,
+    workers: Annotated[int | None, typer.Option(
+        "--workers", min=1, help="Processes that read and chunk files (default: most cores "
+        "when a GPU embeds, else 1).")] = None,
     engine: Annotated[str, typer.Option(
         "--engine", help="local (default) or ray (needs the ray extra).")] = "local",
     ray_address: Annotated[str | None, typer.Option(
@@ -98,11 +101,8 @@ def build(
     from ssindex.pipeline.plan import RayOptions
     from ssindex.tools.report import PlainProgress, RichProgress, summary_table
 
-    cfg = _quantized(load_config(config), quantize)
-    if model is not None:
-        cfg = replace(cfg, embed=replace(cfg.embed, model=model))
-    if allow_secrets:
-        cfg = replace(cfg, walk=replace(cfg.walk, allow_secrets=True))
+    cfg = _with_options(_quantized(load_config(config), quantize), model, allow_secrets,
+                        workers)
     overrides = parse_overrides(backend or [])
     if engine not in ("local", "ray"):
         raise ConfigError("--engine must be local or ray")
@@ -126,6 +126,16 @@ def build(
         _emit(stats)
     else:
         Console().print(summary_table(stats))
+
+
+def _with_options(cfg: BuildConfig, model: str | None, allow_secrets: bool,
+                  workers: int | None) -> BuildConfig:
+    """``cfg`` with the build options that override its settings."""
+    if model is not None:
+        cfg = replace(cfg, embed=replace(cfg.embed, model=model))
+    if allow_secrets:
+        cfg = replace(cfg, walk=replace(cfg.walk, allow_secrets=True))
+    return cfg if workers is None else replace(cfg, workers=workers)
 
 
 def _quantized(cfg: BuildConfig, quantize: str | None) -> BuildConfig:

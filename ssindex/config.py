@@ -69,6 +69,9 @@ class BuildConfig:
     quantization: Quantization = "int8"
     backends: tuple[tuple[str, str], ...] = ()
     """Explicit backend choices per phase, e.g. (("embed_bulk", "onnx-cpu"),)."""
+    workers: int = 0
+    """Processes that read, chunk and prepare files (``engines.pool``); 0 picks from the
+    core count and the embed device. Any count builds the same index."""
 
     def with_overrides(self, **changes: Any) -> BuildConfig:
         return replace(self, **{k: v for k, v in changes.items() if v is not None})
@@ -125,7 +128,7 @@ def _section(cls: type, values: dict[str, Any], name: str) -> Any:
 
 def config_from_mapping(data: dict[str, Any]) -> BuildConfig:
     """Build a ``BuildConfig`` from parsed TOML, rejecting unknown keys and bad types."""
-    unknown = sorted(set(data) - {*_SECTIONS, "quantization", "backends"})
+    unknown = sorted(set(data) - {*_SECTIONS, "quantization", "backends", "workers"})
     if unknown:
         raise ConfigError(f"unknown config section(s): {', '.join(unknown)}")
     parts = {name: _section(cls, data.get(name, {}), name) for name, cls in _SECTIONS.items()}
@@ -139,8 +142,12 @@ def config_from_mapping(data: dict[str, Any]) -> BuildConfig:
         from ssindex.backends.names import parse_overrides
 
         backends = parse_overrides([f"{phase}={name}" for phase, name in backends.items()])
+    workers = data.get("workers", 0)
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
+        raise ConfigError(f"workers must be a whole number, at least 0, got {workers!r}")
     return BuildConfig(
-        **parts, quantization=quantization, backends=tuple(sorted(backends.items()))
+        **parts, quantization=quantization, backends=tuple(sorted(backends.items())),
+        workers=workers,
     )
 
 

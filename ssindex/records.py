@@ -50,9 +50,21 @@ class Chunk:
     file_hash: str
 
 
+class Tokens(NamedTuple):
+    """A text as the model's tokenizer cut it."""
+
+    ids: np.ndarray
+    """Token ids (int32), truncated to the model's limit."""
+    truncated: bool
+
+
 @dataclass(slots=True)
 class IndexedChunk:
-    """A chunk on its way to the store: dedupe verdict, then vector."""
+    """A chunk on its way to the store: dedupe verdict, then vector.
+
+    ``terms``, ``key`` and ``tokens`` are facts of the chunk alone that a worker
+    process may work out ahead of the stages that need them (``engines.pool``);
+    each stage computes what is missing itself."""
 
     chunk: Chunk
     stored: Mapping[str, Any] | None = None
@@ -62,6 +74,12 @@ class IndexedChunk:
     dup_of: str | None = None
     vector: np.ndarray | None = None
     """float32 unit vector, or ``None`` until embedded (or copied from ``dup_of``)."""
+    terms: tuple[str, str] | None = None
+    """The lexical leg's body and name terms (``stages.write``)."""
+    key: str | None = None
+    """The embed key (``stages.embed.embed_key``)."""
+    tokens: Tokens | None = None
+    """The embedding text, tokenized; dropped once embedded."""
 
 
 class Stamp(NamedTuple):

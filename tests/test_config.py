@@ -23,7 +23,8 @@ def test_default_preset_matches_code_defaults() -> None:
                                   "[chunk]\nmax_chars = 'big'\n", "not toml [",
                                   "[backends]\nindex = 'torch-cpu'\n",
                                   "[backends]\nembed_bulk = 'warp'\n",
-                                  "[backends]\nembed_bulk = 3\n"])
+                                  "[backends]\nembed_bulk = 3\n", "workers = -1\n",
+                                  "workers = 'all'\n", "workers = true\n"])
 def test_bad_configs_are_rejected(tmp_path: Path, text: str) -> None:
     path = tmp_path / "c.toml"
     path.write_text(text)

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
 from ssindex.backends.model import ModelSpec
 from ssindex.errors import BackendExecutionError, map_exceptions
+from ssindex.records import Tokens
 from ssindex.util import heap
 
 BULK_TEXTS = 32
@@ -71,20 +72,24 @@ class Encoder:
         self._trimmer = heap.Trimmer()
 
     def encode(self, texts: list[str]) -> np.ndarray:
-        if not texts:
+        return self.encode_tokens(self.tokenize(texts))
+
+    def tokenize(self, texts: list[str]) -> list[Tokens]:
+        return tokenized(self.tokenizer, texts)
+
+    def encode_tokens(self, tokens: list[Tokens]) -> np.ndarray:
+        """Unit vectors of texts tokenized by ``tokenize`` (here or in a worker process)."""
+        if not tokens:
             return np.zeros((0, self.model.dim), dtype=np.float32)
-        # a lone query skips the batch path's thread-pool hand-off (~0.1 ms of a search)
-        encodings = ([self.tokenizer.encode(texts[0])] if len(texts) == 1
-                     else self.tokenizer.encode_batch(texts))
-        ids = [np.asarray(e.ids, dtype=np.int64) for e in encodings]
-        self.stats.texts += len(texts)
-        self.stats.truncated += sum(1 for e in encodings if e.overflowing)
-        out = np.empty((len(texts), self.model.dim), dtype=np.float32)
-        order = np.argsort([-len(x) for x in ids], kind="stable")
-        for batch in _token_budget_batches([len(ids[i]) for i in order], self.batch_tokens):
+        self.stats.texts += len(tokens)
+        self.stats.truncated += sum(1 for t in tokens if t.truncated)
+        out = np.empty((len(tokens), self.model.dim), dtype=np.float32)
+        order = np.argsort([-len(t.ids) for t in tokens], kind="stable")
+        for batch in _token_budget_batches([len(tokens[i].ids) for i in order],
+                                           self.batch_tokens):
             rows = order[batch]
-            out[rows] = self._forward([ids[i] for i in rows])
-        if len(texts) >= BULK_TEXTS:  # a bulk call: give the batches' tensors back
+            out[rows] = self._forward([tokens[i].ids for i in rows])
+        if len(tokens) >= BULK_TEXTS:  # a bulk call: give the batches' tensors back
             self._trimmer.after_batch()
         norms = np.linalg.norm(out, axis=1, keepdims=True)
         return out / np.maximum(norms, 1e-12)
@@ -104,6 +109,13 @@ class Encoder:
         if not np.all(np.isfinite(vectors)):
             raise BackendExecutionError(f"{self.backend.name} produced non-finite vectors")
         return vectors
+
+
+def tokenized(tokenizer: Any, texts: list[str]) -> list[Tokens]:
+    """``texts`` through a ``tokenizers.Tokenizer`` (``ModelSpec.tokenizer``)."""
+    # a lone query skips the batch path's thread-pool hand-off (~0.1 ms of a search)
+    encodings = [tokenizer.encode(texts[0])] if len(texts) == 1 else tokenizer.encode_batch(texts)
+    return [Tokens(np.asarray(e.ids, dtype=np.int32), bool(e.overflowing)) for e in encodings]
 
 
 def _token_budget_batches(lengths: list[int], budget: int) -> list[slice]:

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from ssindex.backends.inventory import detect
 from ssindex.backends.model import ModelSpec
 from ssindex.config import BuildConfig
 from ssindex.errors import IndexCorrupt
@@ -24,6 +25,7 @@ from ssindex.pipeline.commit import Outcome, Started, commit
 from ssindex.pipeline.encoder import LazyEncoder
 from ssindex.pipeline.engines.common import RunStats
 from ssindex.pipeline.engines.local import run_local
+from ssindex.pipeline.engines.pool import default_workers
 from ssindex.pipeline.fingerprint import settings_fingerprint
 from ssindex.pipeline.plan import BuildPlan, RayOptions
 from ssindex.pipeline.previous import PreviousIndex, stale_reasons
@@ -121,8 +123,9 @@ def _plan(root: Path, index: IndexDir, cfg: BuildConfig, model: ModelSpec,
         found = previous.vectors(keys) if previous else {}
         return found | staging.lookup([key for key in keys if key not in found])
 
-    plan = BuildPlan(root, index.path, cfg, encoder, model_key, reuse, reusable,
-                     checkpoint=staging.checkpoint, on_change=encoder.prepare)
+    plan = BuildPlan(root, index.path, cfg, encoder, model, model_key, reuse, reusable,
+                     checkpoint=staging.checkpoint, on_change=encoder.prepare,
+                     workers=cfg.workers or default_workers(_gpu_embeds(explicit)))
     return plan, encoder, staging
 
 
@@ -148,6 +151,14 @@ def _execute(plan: BuildPlan, encoder: LazyEncoder, writer: TableWriter,
     return Outcome("local", version, stats, encoder.report(),
                    encoder.stats if encoder.selection is not None else None, encoder,
                    write_seconds)
+
+
+def _gpu_embeds(explicit: str | None) -> bool:
+    """Whether a GPU will embed: the backend asked for, else any GPU the driver lists
+    (read without importing torch)."""
+    if explicit is not None:
+        return any(device in explicit for device in ("cuda", "mps", "coreml"))
+    return bool(detect(with_torch=False).cuda_devices)
 
 
 def _secrets_tightened(previous: PreviousIndex, cfg: BuildConfig) -> bool:

@@ -21,6 +21,7 @@ from ssindex.backends.model import ModelSpec
 from ssindex.backends.selector import BackendReport, Selection, select
 from ssindex.config import BuildConfig, Quantization
 from ssindex.pipeline.progress import Progress
+from ssindex.records import Tokens
 
 SMALL_EMBED_LIMIT = 256
 """An incremental build embedding at most this many chunks uses the query backend."""
@@ -50,13 +51,21 @@ class LazyEncoder:
         self._loading: threading.Thread | None = None
 
     def encode(self, texts: list[str]) -> np.ndarray:
-        if not texts:
-            return np.zeros((0, self.model.dim), dtype=np.float32)
+        return self._ready(len(texts)).encode(texts) if texts else self._none()
+
+    def encode_tokens(self, tokens: list[Tokens]) -> np.ndarray:
+        return self._ready(len(tokens)).encode_tokens(tokens) if tokens else self._none()
+
+    def _none(self) -> np.ndarray:
+        return np.zeros((0, self.model.dim), dtype=np.float32)
+
+    def _ready(self, count: int) -> Encoder:
+        """The encoder for ``count`` more texts: the bulk one once there are many."""
         self._settle()
-        self._embedded += len(texts)
+        self._embedded += count
         if self._phase == "embed_query" and self._embedded > SMALL_EMBED_LIMIT:
             self._phase, self.encoder = "embed_bulk", None
-        return self.load().encode(texts)
+        return self.load()
 
     def prepare(self) -> None:
         """Start loading the backend in a background thread. An incremental build calls

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ssindex.backends.model import ModelSpec
 from ssindex.config import BuildConfig
 from ssindex.records import StoredChunks
 from ssindex.stages.embed import TextEncoder
@@ -28,6 +29,8 @@ class BuildPlan:
     index_path: Path
     config: BuildConfig
     encoder: TextEncoder
+    model: ModelSpec
+    """The model: its tokenizer prepares chunks ahead of the embed stage."""
     model_key: str
     """Model content hash and token limit: the part of a vector's identity outside its text."""
     reuse: Callable[[list[str]], dict[str, np.ndarray]] | None
@@ -42,6 +45,8 @@ class BuildPlan:
     """Called when an incremental build meets its first new or changed file."""
     batch_chunks: int = 256
     """Chunks per batch between dedupe and write."""
+    workers: int = 1
+    """Processes of the CPU side (``engines.pool``); 1 is the producer thread."""
 
 
 @dataclass(frozen=True)

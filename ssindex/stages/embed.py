@@ -24,13 +24,17 @@ from typing import Protocol
 import numpy as np
 import xxhash
 
-from ssindex.records import Chunk, IndexedChunk
+from ssindex.records import Chunk, IndexedChunk, Tokens
 
 
 class TextEncoder(Protocol):
     """What the embed stage needs: unit vectors for texts (``pipeline.encoder``)."""
 
     def encode(self, texts: list[str]) -> np.ndarray: ...
+
+    def encode_tokens(self, tokens: list[Tokens]) -> np.ndarray:
+        """Vectors of texts already tokenized with the model's tokenizer."""
+        ...
 
 
 Reuse = Callable[[list[str]], dict[str, np.ndarray]]
@@ -69,10 +73,10 @@ def embed(
     for batch in batches:
         fresh = [row for row in batch if row.dup_of is None]
         keys = [row.stored["embed_key"] if row.stored is not None else
-                embed_key(row.chunk, model_key) for row in fresh]
+                row.key or embed_key(row.chunk, model_key) for row in fresh]
         found = reuse(keys) if reuse is not None else {}
         missing = [(row, key) for row, key in zip(fresh, keys, strict=True) if key not in found]
-        vectors = encoder.encode([embedding_text(row.chunk) for row, _ in missing])
+        vectors = _vectors(encoder, [row for row, _ in missing])
         if checkpoint is not None and missing:
             checkpoint([key for _, key in missing], vectors)
         computed = {key: vector for (_, key), vector in zip(missing, vectors, strict=True)}
@@ -82,7 +86,16 @@ def embed(
         stats.embedded += len(missing)
         stats.reused += len(fresh) - len(missing)
         for row in batch:
+            row.tokens = None
             if row.dup_of is not None:
                 row.vector = exemplar_vectors[row.dup_of]
                 stats.copied_from_exemplar += 1
         yield batch
+
+
+def _vectors(encoder: TextEncoder, rows: list[IndexedChunk]) -> np.ndarray:
+    """The rows' vectors, from their tokens when a worker tokenized them all."""
+    tokens = [row.tokens for row in rows if row.tokens is not None]
+    if len(tokens) == len(rows):
+        return encoder.encode_tokens(tokens)
+    return encoder.encode([embedding_text(row.chunk) for row in rows])

@@ -15,6 +15,7 @@ from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import pathspec
 import xxhash
@@ -43,6 +44,23 @@ class WalkStats:
     secrets_redacted: Counter[str] = field(default_factory=Counter)
     """Secret values redacted from the files read, by kind."""
 
+    def add(self, other: WalkStats) -> None:
+        """Count in what ``read`` counted elsewhere (in a worker process)."""
+        self.files_seen += other.files_seen
+        self.files_read += other.files_read
+        self.skipped.update(other.skipped)
+        self.dirs_pruned.update(other.dirs_pruned)
+        self.secrets_redacted.update(other.secrets_redacted)
+
+
+class Candidate(NamedTuple):
+    """A file the walk found and did not rule out by its name or place."""
+
+    path: str
+    """Where to open it."""
+    rel: str
+    """POSIX path relative to the root."""
+
 
 @dataclass(frozen=True, slots=True)
 class _IgnoreScope:
@@ -68,10 +86,20 @@ def walk(
     A file listed in ``known`` whose size, mtime, ctime and inode are unchanged is not
     read: it is yielded with the known content hash, empty text and ``read=False``
     (git's index makes the same bet; any write to a file moves its ctime)."""
+    stamps = known or {}
+    for candidate in discover(root, cfg, stats, exclude):
+        source = read(candidate, cfg, stats, stamps)
+        if source is not None:
+            yield source
+
+
+def discover(root: Path, cfg: WalkConfig, stats: WalkStats,
+             exclude: Path | None = None) -> Iterator[Candidate]:
+    """The files under ``root`` to ``read``, in sorted path order, without opening any."""
     root = check_root(root)
     excluded = exclude.resolve() if exclude is not None else None
     extra = [_IgnoreScope("", _spec(cfg.extra_ignores))] if cfg.extra_ignores else []
-    yield from _walk_dir(root, root, "", extra, cfg, stats, excluded, known or {})
+    yield from _walk_dir(root, root, "", extra, stats, excluded)
 
 
 def reread(root: Path, source: SourceFile, cfg: WalkConfig, stats: WalkStats,
@@ -80,7 +108,7 @@ def reread(root: Path, source: SourceFile, cfg: WalkConfig, stats: WalkStats,
     longer be read, the reason counted in ``stats``)."""
     if source.read:
         return source
-    return _read(os.path.join(root, source.path), source.path, cfg, stats, {})
+    return read(Candidate(os.path.join(root, source.path), source.path), cfg, stats, {})
 
 
 def check_root(root: Path) -> Path:
@@ -123,11 +151,9 @@ def _walk_dir(
     directory: Path,
     rel_dir: str,
     scopes: list[_IgnoreScope],
-    cfg: WalkConfig,
     stats: WalkStats,
     excluded: Path | None,
-    known: Known,
-) -> Iterator[SourceFile]:
+) -> Iterator[Candidate]:
     scope = _load_scope(directory, rel_dir)
     if scope is not None:
         scopes = [*scopes, scope]
@@ -155,7 +181,7 @@ def _walk_dir(
             if reason:
                 stats.dirs_pruned[reason] += 1
                 continue
-            yield from _walk_dir(root, Path(entry.path), rel, scopes, cfg, stats, excluded, known)
+            yield from _walk_dir(root, Path(entry.path), rel, scopes, stats, excluded)
             continue
         if entry.name in IGNORE_FILES:
             continue
@@ -167,9 +193,7 @@ def _walk_dir(
         if reason:
             stats.skipped[reason] += 1
             continue
-        source = _read(entry.path, rel, cfg, stats, known)
-        if source is not None:
-            yield source
+        yield Candidate(entry.path, rel)
 
 
 def _utf8_name(rel: str) -> bool:
@@ -207,8 +231,11 @@ def _link_reason(root: Path, path: Path) -> str | None:
     return None
 
 
-def _read(path: str, rel: str, cfg: WalkConfig, stats: WalkStats,
-          known: Known) -> SourceFile | None:
+def read(candidate: Candidate, cfg: WalkConfig, stats: WalkStats,
+         known: Known) -> SourceFile | None:
+    """The file as a ``SourceFile`` (unread when ``known`` holds its stat), or ``None``
+    with the reason counted in ``stats``."""
+    path, rel = candidate
     try:
         st = os.stat(path)
         if not stat.S_ISREG(st.st_mode):

@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 
 from ssindex.index.layout import CHUNK_SCHEMA, row_digest
-from ssindex.records import IndexedChunk
+from ssindex.records import Chunk, IndexedChunk
 from ssindex.stages.embed import embed_key
 from ssindex.text.lexical import analyze, exact_symbol_term
 
@@ -18,6 +18,11 @@ def name_terms(path: str, symbol: str) -> str:
     exact symbol name as one ``sym:`` token (see ``ssindex.text.lexical.exact_symbol_term``)."""
     words = analyze(f"{symbol} {path.replace('/', ' ').replace('.', ' ')}")
     return f"{words} {exact_symbol_term(symbol)}"
+
+
+def lexical_terms(chunk: Chunk) -> tuple[str, str]:
+    """What the lexical leg indexes of a chunk: its body's terms and its name's."""
+    return analyze(chunk.text), name_terms(chunk.path, chunk.symbol)
 
 
 def _record(row: IndexedChunk, code: bytes, scale: float, model_key: str) -> dict[str, Any]:
@@ -31,10 +36,10 @@ def _record(row: IndexedChunk, code: bytes, scale: float, model_key: str) -> dic
             "start_line": chunk.start_line, "end_line": chunk.end_line,
             "symbol": chunk.symbol, "kind": chunk.kind, "text": chunk.text,
             "dup_of": row.dup_of, "content_hash": chunk.content_hash,
-            "file_hash": chunk.file_hash, "embed_key": embed_key(chunk, model_key),
+            "file_hash": chunk.file_hash, "embed_key": row.key or embed_key(chunk, model_key),
             "minhash": row.signature, "vec_codes": code, "vec_scale": scale,
-            "lex_body": analyze(chunk.text), "lex_name": name_terms(chunk.path, chunk.symbol),
         }
+        record["lex_body"], record["lex_name"] = row.terms or lexical_terms(chunk)
     record["row_digest"] = row_digest(record)
     return record
 

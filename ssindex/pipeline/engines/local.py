@@ -2,7 +2,9 @@
 
 Walk, chunk and dedupe run in a producer thread and hand batches over a
 bounded queue, so parsing overlaps the embedding forward passes (which
-release the GIL) while memory stays bounded by the queue depth.
+release the GIL) while memory stays bounded by the queue depth. A clean build
+reads, chunks and prepares its files in ``engines.pool``: in that thread, or in
+worker processes (``workers``).
 
 An incremental build chunks only new and changed files; the chunks of
 unchanged ones stay in the store as ids, and only those whose dedupe verdict
@@ -19,6 +21,7 @@ from typing import Any, TypeVar
 import pyarrow as pa
 
 from ssindex.pipeline.engines.common import RunStats, manifest_entry
+from ssindex.pipeline.engines.pool import Preparation, prepared
 from ssindex.pipeline.plan import BuildPlan
 from ssindex.pipeline.progress import Progress
 from ssindex.records import IndexedChunk, SourceFile, StoredChunks
@@ -26,15 +29,11 @@ from ssindex.stages.chunk import chunk
 from ssindex.stages.dedupe import Changes, dedupe, dedupe_changes
 from ssindex.stages.embed import embed
 from ssindex.stages.quantize import quantize
-from ssindex.stages.walk import reread, walk
+from ssindex.stages.walk import Candidate, discover, reread, walk
 from ssindex.stages.write import to_record_batch
 
 T = TypeVar("T")
 _DONE = object()
-
-
-
-
 
 
 def _chunk_ids(manifest: list[dict[str, Any]]) -> list[str]:
@@ -106,15 +105,16 @@ def _produce(plan: BuildPlan, stats: RunStats, progress: Progress,
             progress.advance("chunk", len(rows))
             yield rows
 
-    files = clock.timed("walk", track_files(walk(
-        plan.root, cfg.walk, stats.walk, plan.index_path,
-        previous.known if previous is not None else None)), None)
     if previous is None:
-        per_file = clock.timed("chunk", chunk(files, cfg.chunk, stats.chunk), "walk")
+        candidates = clock.timed("walk", discover(plan.root, cfg.walk, stats.walk,
+                                                  plan.index_path), None)
+        per_file = clock.timed("chunk", _chunked(plan, candidates, stats, progress), "walk")
         batches = _rebatch(track_chunks(per_file), plan.batch_chunks)
         yield from clock.timed("dedupe", dedupe(batches, cfg.dedupe, stats.dedupe), "chunk")
         stats.row_ids.update(_chunk_ids(stats.manifest))
         return
+    files = clock.timed("walk", track_files(walk(
+        plan.root, cfg.walk, stats.walk, plan.index_path, previous.known)), None)
     per_file = clock.timed("chunk", chunk(_carry(plan, files, previous, stats, progress),
                                           cfg.chunk, stats.chunk), "walk")
 
@@ -128,6 +128,20 @@ def _produce(plan: BuildPlan, stats: RunStats, progress: Progress,
     stats.embed.reused += settled
     progress.advance("embed", stats.chunk.chunks - len(replayed))
     yield from _rebatch([replayed], plan.batch_chunks)
+
+
+def _chunked(plan: BuildPlan, candidates: Iterable[Candidate], stats: RunStats,
+             progress: Progress) -> Iterator[tuple[SourceFile, list[IndexedChunk]]]:
+    """A clean build's files read, chunked and prepared (``engines.pool``)."""
+    preparation = Preparation(plan.config, plan.model, plan.model_key)
+    for source, chunker, rows in prepared(candidates, preparation, plan.workers, stats.walk):
+        progress.advance("walk")
+        if source is None:
+            continue
+        stats.chunk.files += 1
+        stats.chunk.chunkers[chunker] += 1
+        stats.chunk.chunks += len(rows)
+        yield source, rows
 
 
 def _carry(plan: BuildPlan, files: Iterable[SourceFile], previous: StoredChunks,

@@ -1,0 +1,114 @@
+"""Capacity of the build's CPU side: chunks/s of everything but the model's forward pass.
+
+Clean builds of the whole standard library through the real pipeline (walk, read, chunk,
+sign, dedupe, tokenize, quantize, write, commit), with the embedding backend's forward
+pass replaced by a cheap stand-in, at 1 and at 2 workers, each in a fresh process, in
+one run. The baseline is the 1-worker build; ``scaling`` is the 2-worker rate over it.
+It also projects the CPU side of a 16-core GPU node: the driver's own CPU time with
+the pool on cannot be shared, the rest of a one-process build spreads over 15 cores.
+
+    python benchmarks/pipeline_throughput.py [--workers 1,2] [--packages PKGS] [--json]
+
+Targets: >= 4,000 chunks/s with one worker, and >= 1.7x that with two.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _corpus import copy_stdlib, cpu_label, report
+
+GPU_CHUNKS_PER_S = 20_000
+"""The embed stage's target on a data-center GPU (issue #20), for the projection."""
+NODE_CORES = 16
+
+_BUILD = """
+import json, resource, sys, time
+from pathlib import Path
+import numpy as np
+from ssindex import build
+from ssindex.backends import registry
+from ssindex.config import BuildConfig
+
+
+class NoForward:
+    '''A backend without a model: one unit vector per batch row, picked by its ids.'''
+    name, device, dtype = "no-forward", "cpu", "fp32"
+
+    def __init__(self, dim):
+        self._dim = dim
+
+    def forward(self, input_ids, attention_mask):
+        out = np.zeros((len(input_ids), self._dim), np.float32)
+        out[np.arange(len(input_ids)), (input_ids * attention_mask).sum(1) % self._dim] = 1
+        return out
+
+
+registry.FACTORIES["torch-cpu-fp32"] = lambda model, inventory: NoForward(model.dim)
+started = time.perf_counter()
+stats = build(Path(sys.argv[1]), sys.argv[2], BuildConfig(workers=int(sys.argv[3])),
+              {"embed_bulk": "torch-cpu-fp32"})
+wall = time.perf_counter() - started
+usage = resource.getrusage(resource.RUSAGE_SELF)
+print(json.dumps({"chunks": stats["chunks_total"], "wall_seconds": wall,
+                  "cpu_seconds": usage.ru_utime + usage.ru_stime,
+                  "stage_seconds": stats["stage_seconds"]}))
+"""
+
+
+def run(tree: Path, workers: int, workdir: Path) -> dict[str, object]:
+    with tempfile.TemporaryDirectory(dir=workdir) as tmp:
+        done = subprocess.run([sys.executable, "-c", _BUILD, str(tree), str(Path(tmp) / "index"),
+                               str(workers)], capture_output=True, text=True, check=True)
+        return json.loads(done.stdout.splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", default="1,2", help="worker counts, the first the baseline")
+    parser.add_argument("--packages", default="", help="stdlib packages (default: all of it)")
+    parser.add_argument("--repeats", type=int, default=1, help="builds per count (median)")
+    parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()))
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    counts = [int(n) for n in args.workers.split(",")]
+    result: dict[str, object] = {"cpu": cpu_label()}
+    rates: dict[str, float] = {}
+    cpu: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
+        tree = Path(tmp) / "stdlib"
+        copy_stdlib(tree, args.packages, everything=not args.packages)
+        for workers in counts:
+            runs = [run(tree, workers, args.workdir) for _ in range(args.repeats)]
+            wall = statistics.median(float(r["wall_seconds"]) for r in runs)  # type: ignore[arg-type]
+            chunks = int(runs[0]["chunks"])  # type: ignore[call-overload]
+            rates[str(workers)] = round(chunks / wall, 1)
+            cpu[str(workers)] = statistics.median(float(r["cpu_seconds"]) for r in runs)  # type: ignore[arg-type]
+            result["chunks"] = chunks
+            result[f"wall_seconds_{workers}"] = round(wall, 2)
+            result[f"stage_seconds_{workers}"] = runs[-1]["stage_seconds"]
+    result["cpu_side_chunks_per_s"] = rates
+    base, best = rates[str(counts[0])], rates[str(counts[-1])]
+    result["scaling"] = round(best / base, 3)
+    # the projection: the driver's own CPU time (dedupe, write, commit) with the pool on
+    # is the part more workers cannot share; the rest of a one-process build's CPU
+    # time spreads over the node's other cores
+    driver, alone = cpu[str(counts[-1])], cpu[str(counts[0])]
+    spread = max(alone - driver, 0.0) / (NODE_CORES - 1)
+    node = int(result["chunks"]) / max(driver, spread)  # type: ignore[call-overload]
+    result["driver_cpu_seconds"] = round(driver, 1)
+    result[f"projected_{NODE_CORES}_core_chunks_per_s"] = round(node)
+    result[f"projected_{NODE_CORES}_core_build_seconds"] = round(
+        int(result["chunks"]) / min(node, GPU_CHUNKS_PER_S), 1)  # type: ignore[call-overload]
+    report(result, args.json)
+
+
+if __name__ == "__main__":
+    main()

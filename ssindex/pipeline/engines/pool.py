@@ -1,0 +1,172 @@
+"""The local engine's CPU side: read, chunk and prepare files, in worker processes.
+
+Everything a build works out from one file alone happens here: reading it (secrets
+redacted), chunking it, and for each chunk its MinHash signature, lexical terms,
+embed key and tokens. With one worker that runs in the producer thread; with more,
+blocks of files go to a pool of processes (the GIL would serialize threads: most of
+this is Python). Results come back in path order, through a window of blocks in
+flight, so memory is bounded and the index is the one-worker index, row for row.
+What needs every chunk so far stays in the driver: dedupe verdicts, embedding,
+writing.
+
+Workers start through ``forkserver``: the driver holds threads (LanceDB's, the
+tokenizer's) that a plain ``fork`` would copy in an unknown state. They ignore
+SIGINT, so Ctrl-C reaches the driver alone, which shuts the pool down; a worker whose
+driver is killed notices within half a second and exits.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass, replace
+from typing import NamedTuple
+
+from ssindex.backends.base import tokenized
+from ssindex.backends.model import ModelSpec
+from ssindex.config import BuildConfig
+from ssindex.records import IndexedChunk, SourceFile
+from ssindex.stages.chunk import chunk_file
+from ssindex.stages.dedupe import Signer
+from ssindex.stages.embed import embed_key, embedding_text
+from ssindex.stages.walk import Candidate, WalkStats, read
+from ssindex.stages.write import lexical_terms
+
+FILES_PER_BLOCK = 16
+"""Files per task: large enough that the hand-off costs little against chunking them."""
+BLOCKS_PER_WORKER = 4
+"""Blocks in flight per worker: enough to keep every worker busy, few enough to bound
+memory."""
+DRIVER_WATCH_SECONDS = 0.5
+"""How often a worker checks that its driver still lives."""
+
+
+class Prepared(NamedTuple):
+    """A file read and chunked, its chunks prepared (``None`` source: skipped)."""
+
+    source: SourceFile | None
+    chunker: str
+    rows: list[IndexedChunk]
+
+
+@dataclass(frozen=True)
+class Preparation:
+    """What a worker needs to prepare files as the build would."""
+
+    config: BuildConfig
+    model: ModelSpec
+    model_key: str
+
+
+class Preparer:
+    """Prepares files one at a time (in a worker, or in the producer thread).
+
+    Worker processes also ``tokenize``. The producer thread leaves that to the embed
+    stage's thread, where it overlaps the chunking of later files (the tokenizer
+    releases the GIL)."""
+
+    def __init__(self, preparation: Preparation, tokenize: bool) -> None:
+        self._preparation = preparation
+        self._sign = Signer(preparation.config.dedupe)
+        self._tokenizer = (preparation.model.tokenizer(preparation.config.embed.max_tokens)
+                           if tokenize else None)
+
+    def __call__(self, candidate: Candidate, stats: WalkStats) -> Prepared:
+        cfg = self._preparation.config
+        source = read(candidate, cfg.walk, stats, {})
+        if source is None:
+            return Prepared(None, "", [])
+        chunks, chunker = chunk_file(source, cfg.chunk)
+        rows = [IndexedChunk(c, signature=self._sign(c.text), terms=lexical_terms(c),
+                             key=embed_key(c, self._preparation.model_key)) for c in chunks]
+        if self._tokenizer is not None and rows:
+            texts = [embedding_text(c) for c in chunks]
+            for row, tokens in zip(rows, tokenized(self._tokenizer, texts), strict=True):
+                row.tokens = tokens
+        # the text lives on in the chunks; the driver needs only the file's stamp
+        return Prepared(replace(source, text=""), chunker, rows)
+
+
+def default_workers(gpu: bool) -> int:
+    """Nearly every core when a GPU embeds; one (the producer thread) when the model
+    needs the cores itself: there the CPU side is under 1% of a build."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+        os.cpu_count() or 1)
+    return max(1, cores - 1) if gpu else 1
+
+
+def prepared(candidates: Iterable[Candidate], preparation: Preparation, workers: int,
+             stats: WalkStats) -> Iterator[Prepared]:
+    """Every candidate prepared, in order; ``workers`` > 1 runs a process pool."""
+    if workers <= 1:
+        preparer = Preparer(preparation, tokenize=False)
+        for candidate in candidates:
+            yield preparer(candidate, stats)
+        return
+    context = multiprocessing.get_context("forkserver")
+    pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_start,
+                               initargs=(preparation, os.getpid()))
+    window: deque[Future[tuple[list[Prepared], WalkStats]]] = deque()
+    try:
+        for block in _blocks(candidates, FILES_PER_BLOCK):
+            window.append(pool.submit(_prepare_block, block))
+            if len(window) >= workers * BLOCKS_PER_WORKER:
+                yield from _collect(window.popleft(), stats)
+        while window:
+            yield from _collect(window.popleft(), stats)
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _collect(future: Future[tuple[list[Prepared], WalkStats]],
+             stats: WalkStats) -> list[Prepared]:
+    files, counted = future.result()
+    stats.add(counted)
+    return files
+
+
+def _blocks(candidates: Iterable[Candidate], size: int) -> Iterator[list[Candidate]]:
+    block: list[Candidate] = []
+    for candidate in candidates:
+        block.append(candidate)
+        if len(block) == size:
+            yield block
+            block = []
+    if block:
+        yield block
+
+
+_preparer: Preparer | None = None
+
+
+def _start(preparation: Preparation, driver: int) -> None:
+    """A worker's start: Ctrl-C is the driver's to handle, the driver's death ends it,
+    and the chunker's state is loaded once."""
+    global _preparer
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    threading.Thread(target=_outlive, args=(driver,), daemon=True,
+                     name="ssindex-driver-watch").start()
+    _preparer = Preparer(preparation, tokenize=True)
+
+
+def _outlive(driver: int) -> None:
+    """Exit once the driver is gone. A killed driver closes no pipe a worker would see:
+    each worker holds both ends of its own task queue, so it would wait forever."""
+    while True:
+        time.sleep(DRIVER_WATCH_SECONDS)
+        try:
+            os.kill(driver, 0)
+        except ProcessLookupError:
+            os._exit(1)
+
+
+def _prepare_block(block: list[Candidate]) -> tuple[list[Prepared], WalkStats]:
+    assert _preparer is not None, "worker started without its initializer"
+    stats = WalkStats()
+    return [_preparer(candidate, stats) for candidate in block], stats

@@ -1,0 +1,115 @@
+"""The CPU side in worker processes (``--workers``): the same index, and clean exits."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from ssindex.index.layout import CHUNK_SCHEMA, IndexDir
+from ssindex.index.table import scan
+from tests.conftest import CLI, cli_json, copy_stdlib
+
+_SAME = ("chunks_total", "chunks_embedded", "chunks_deduplicated", "files_indexed",
+         "files_skipped", "secrets_redacted", "chunkers")
+
+
+def _tree(root: Path) -> Path:
+    """json twice over (exact duplicates), a redacted secret, and files the walk skips."""
+    copy_stdlib(root, "json")
+    shutil.copytree(root / "json", root / "json_copy")
+    (root / "settings.py").write_text(
+        'API_TOKEN = "ghp_' + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8" + '"\n'
+        "def configure(name):\n    return {'name': name, 'debug': False}\n")
+    (root / "blob.py").write_bytes(b"\0\1\2binary")
+    (root / "empty.py").write_text("   \n")
+    return root
+
+
+def _rows(index: Path) -> list[dict[str, Any]]:
+    return sorted(scan(IndexDir(index).open_table(), CHUNK_SCHEMA.names).to_pylist(),
+                  key=lambda row: row["id"])
+
+
+def test_workers_build_the_one_worker_index_row_for_row(tmp_path: Path) -> None:
+    root = _tree(tmp_path / "tree")
+    one = cli_json("build", str(root), "--no-progress", "--workers", "1",
+                   "--index", str(tmp_path / "one"))
+    three = cli_json("build", str(root), "--no-progress", "--workers", "3",
+                     "--index", str(tmp_path / "three"))
+    assert one["chunks_deduplicated"] > 0 and one["secrets_redacted"] == 1
+    assert set(one["files_skipped"]) == {"binary", "empty"}
+    assert {k: one.get(k) for k in _SAME} == {k: three.get(k) for k in _SAME}
+    assert _rows(tmp_path / "one") == _rows(tmp_path / "three")  # ids, dup_of, vectors: all
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every living process below ``pid`` (from /proc: no psutil here)."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z":
+            parents[int(stat.parent.name)] = int(fields[1])
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier}
+        found |= frontier
+    return found
+
+
+def _alive(pids: set[int]) -> set[int]:
+    living = set()
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            living.add(pid)
+    return living
+
+
+def _start(root: Path, tmp_path: Path) -> tuple[subprocess.Popen[str], set[int]]:
+    """A 2-worker build, once its worker processes run."""
+    process = subprocess.Popen(
+        [CLI, "build", str(root), "--no-progress", "--workers", "2"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    deadline = time.monotonic() + 120
+    workers: set[int] = set()
+    while len(workers) < 3 and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+        workers = _descendants(process.pid)  # the fork server and its two workers
+    assert process.poll() is None and len(workers) >= 3, "the pool never started"
+    return process, workers
+
+
+def _gone(pids: set[int], seconds: float = 30) -> set[int]:
+    deadline = time.monotonic() + seconds
+    while _alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return _alive(pids)
+
+
+def test_a_killed_or_interrupted_driver_leaves_no_worker_behind(tmp_path: Path) -> None:
+    root = copy_stdlib(tmp_path / "tree", "email", "json")
+    process, workers = _start(root, tmp_path)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130, stderr
+    assert "Traceback" not in stderr
+    assert not _gone(workers)
+
+    process, workers = _start(root, tmp_path)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    assert not _gone(workers)  # their pipes closed: they exit on their own
+    assert not (root / ".ssindex" / "HEAD.json").exists()
+    assert cli_json("build", str(root), "--no-progress", "--workers", "2")["chunks_total"] > 0
