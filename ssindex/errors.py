@@ -66,6 +66,10 @@ class EngineUnavailable(SsindexError, exit_code=7):
     """The requested execution engine cannot run (not installed, cluster unreachable)."""
 
 
+class WorkerLost(SsindexError, exit_code=7):
+    """A worker process of the build died (killed, out of memory, crashed) mid-task."""
+
+
 _KINDS: list[type[SsindexError]] = [SsindexError, *SsindexError.__subclasses__()]
 ERRORS = {kind.__name__: kind for kind in _KINDS}
 """Every error by class name: how an error reported as data (by a Ray task) is raised again."""

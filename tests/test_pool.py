@@ -48,7 +48,11 @@ def test_workers_build_the_one_worker_index_row_for_row(tmp_path: Path) -> None:
 
 
 def _descendants(pid: int) -> set[int]:
-    """Every living process below ``pid`` (from /proc: no psutil here)."""
+    return set(_below(pid))
+
+
+def _below(pid: int) -> dict[int, int]:
+    """Every living process below ``pid``, with its parent (from /proc: no psutil here)."""
     parents: dict[int, int] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
@@ -57,10 +61,12 @@ def _descendants(pid: int) -> set[int]:
             continue
         if fields[0] != "Z":
             parents[int(stat.parent.name)] = int(fields[1])
-    found, frontier = set(), {pid}
+    found: dict[int, int] = {}
+    frontier = {pid}
     while frontier:
-        frontier = {child for child, parent in parents.items() if parent in frontier}
-        found |= frontier
+        level = {child: parent for child, parent in parents.items() if parent in frontier}
+        found |= level
+        frontier = set(level)
     return found
 
 
@@ -113,3 +119,17 @@ def test_a_killed_or_interrupted_driver_leaves_no_worker_behind(tmp_path: Path) 
     assert not _gone(workers)  # their pipes closed: they exit on their own
     assert not (root / ".ssindex" / "HEAD.json").exists()
     assert cli_json("build", str(root), "--no-progress", "--workers", "2")["chunks_total"] > 0
+
+
+def test_a_worker_that_dies_ends_the_build_with_a_clear_error(tmp_path: Path) -> None:
+    root = copy_stdlib(tmp_path / "tree", "email", "json")
+    process, workers = _start(root, tmp_path)
+    # the workers are the fork server's children: the driver's grandchildren
+    worker = next(pid for pid, parent in _below(process.pid).items() if parent != process.pid)
+    os.kill(worker, signal.SIGKILL)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 7, stderr
+    assert "a worker process died" in stderr and "--workers 1" in stderr
+    assert "Traceback" not in stderr
+    assert not (root / ".ssindex" / "HEAD.json").exists()
+    assert not _gone(workers)

@@ -25,12 +25,14 @@ import time
 from collections import deque
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 from ssindex.backends.base import tokenized
 from ssindex.backends.model import ModelSpec
 from ssindex.config import BuildConfig
+from ssindex.errors import WorkerLost
 from ssindex.records import IndexedChunk, SourceFile
 from ssindex.stages.chunk import chunk_file
 from ssindex.stages.dedupe import Signer
@@ -112,21 +114,27 @@ def prepared(candidates: Iterable[Candidate], preparation: Preparation, workers:
     context = multiprocessing.get_context("forkserver")
     pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_start,
                                initargs=(preparation, os.getpid()))
-    window: deque[Future[tuple[list[Prepared], WalkStats]]] = deque()
+    window: deque[tuple[list[Candidate], Future[tuple[list[Prepared], WalkStats]]]] = deque()
     try:
         for block in _blocks(candidates, FILES_PER_BLOCK):
-            window.append(pool.submit(_prepare_block, block))
+            window.append((block, pool.submit(_prepare_block, block)))
             if len(window) >= workers * BLOCKS_PER_WORKER:
-                yield from _collect(window.popleft(), stats)
+                yield from _collect(*window.popleft(), stats)
         while window:
-            yield from _collect(window.popleft(), stats)
+            yield from _collect(*window.popleft(), stats)
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _collect(future: Future[tuple[list[Prepared], WalkStats]],
+def _collect(block: list[Candidate], future: Future[tuple[list[Prepared], WalkStats]],
              stats: WalkStats) -> list[Prepared]:
-    files, counted = future.result()
+    try:
+        files, counted = future.result()
+    except BrokenProcessPool as exc:
+        raise WorkerLost(
+            f"a worker process died (killed, out of memory or crashed) while reading and "
+            f"chunking {block[0].rel} … {block[-1].rel}; nothing was committed. "
+            f"--workers 1 does the same work in the build's own process") from exc
     stats.add(counted)
     return files
 
