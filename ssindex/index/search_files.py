@@ -45,7 +45,9 @@ def write_search_files(index: IndexDir, version: int) -> tuple[dict[str, str], p
     ``HEAD.json``), the snapshot rows, and the term statistics."""
     data = scan(index.open_table(version), ["lex_body", "lex_name", *SNAPSHOT_COLUMNS],
                 with_row_id=True)
-    data = data.take(np.argsort(data.column("_rowid").to_numpy(), kind="stable"))
+    row_ids = data.column("_rowid").to_numpy()
+    if np.any(row_ids[1:] < row_ids[:-1]):  # a scan in row order needs no copy of the rows
+        data = data.take(np.argsort(row_ids, kind="stable"))
     postings = Postings.build(data.column("lex_body"), data.column("lex_name"))
     return _write(index, version, data.select(SNAPSHOT_COLUMNS), postings)
 
