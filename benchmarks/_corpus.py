@@ -63,3 +63,28 @@ def report(result: dict[str, Any], as_json: bool) -> None:
     width = max(len(key) for key in result)
     for key, value in result.items():
         print(f"{key:<{width}}  {value}")
+
+
+NO_FORWARD = '''
+import numpy as np
+from ssindex.backends import registry
+
+
+class NoForward:
+    """A backend without a model: one unit vector per batch row, picked by its ids."""
+    name, device, dtype = "no-forward", "cpu", "fp32"
+
+    def __init__(self, dim):
+        self._dim = dim
+
+    def forward(self, input_ids, attention_mask):
+        out = np.zeros((len(input_ids), self._dim), np.float32)
+        out[np.arange(len(input_ids)), (input_ids * attention_mask).sum(1) % self._dim] = 1
+        return out
+
+
+registry.FACTORIES["torch-cpu-fp32"] = lambda model, inventory: NoForward(model.dim)
+BACKENDS = {"embed_bulk": "torch-cpu-fp32"}
+'''
+"""Code for a benchmark's build process: the ``torch-cpu-fp32`` backend without its forward
+pass, so that the build measures everything else (pass ``BACKENDS`` to ``build``)."""

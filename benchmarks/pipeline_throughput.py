@@ -23,38 +23,20 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _corpus import copy_stdlib, cpu_label, report
+from _corpus import NO_FORWARD, copy_stdlib, cpu_label, report
 
 GPU_CHUNKS_PER_S = 20_000
 """The embed stage's target on a data-center GPU (issue #20), for the projection."""
 NODE_CORES = 16
 
-_BUILD = """
+_BUILD = NO_FORWARD + """
 import json, resource, sys, time
 from pathlib import Path
-import numpy as np
 from ssindex import build
-from ssindex.backends import registry
 from ssindex.config import BuildConfig
 
-
-class NoForward:
-    '''A backend without a model: one unit vector per batch row, picked by its ids.'''
-    name, device, dtype = "no-forward", "cpu", "fp32"
-
-    def __init__(self, dim):
-        self._dim = dim
-
-    def forward(self, input_ids, attention_mask):
-        out = np.zeros((len(input_ids), self._dim), np.float32)
-        out[np.arange(len(input_ids)), (input_ids * attention_mask).sum(1) % self._dim] = 1
-        return out
-
-
-registry.FACTORIES["torch-cpu-fp32"] = lambda model, inventory: NoForward(model.dim)
 started = time.perf_counter()
-stats = build(Path(sys.argv[1]), sys.argv[2], BuildConfig(workers=int(sys.argv[3])),
-              {"embed_bulk": "torch-cpu-fp32"})
+stats = build(Path(sys.argv[1]), sys.argv[2], BuildConfig(workers=int(sys.argv[3])), BACKENDS)
 wall = time.perf_counter() - started
 usage = resource.getrusage(resource.RUSAGE_SELF)
 print(json.dumps({"chunks": stats["chunks_total"], "wall_seconds": wall,
@@ -67,7 +49,7 @@ def run(tree: Path, workers: int, workdir: Path) -> dict[str, object]:
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
         done = subprocess.run([sys.executable, "-c", _BUILD, str(tree), str(Path(tmp) / "index"),
                                str(workers)], capture_output=True, text=True, check=True)
-        return json.loads(done.stdout.splitlines()[-1])  # type: ignore[no-any-return]
+        return json.loads(done.stdout.splitlines()[-1])
 
 
 def main() -> None:
