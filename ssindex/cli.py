@@ -10,7 +10,7 @@ import json
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -18,6 +18,9 @@ from rich.markup import escape
 
 from ssindex.config import QUANTIZATIONS, BuildConfig
 from ssindex.errors import ConfigError, SsindexError
+
+if TYPE_CHECKING:  # the build side loads only when a command needs it
+    from ssindex.pipeline.plan import RayOptions
 
 app = typer.Typer(
     name="ssindex", no_args_is_help=True, add_completion=False,
@@ -104,11 +107,7 @@ def build(
     cfg = _with_options(_quantized(load_config(config), quantize), model, allow_secrets,
                         workers)
     overrides = parse_overrides(backend or [])
-    if engine not in ("local", "ray"):
-        raise ConfigError("--engine must be local or ray")
-    if engine == "local" and (ray_address or embed_actors or gpus_per_actor is not None):
-        raise ConfigError("--ray-address, --embed-actors and --gpus-per-actor need --engine ray")
-    ray = RayOptions(ray_address, embed_actors, gpus_per_actor) if engine == "ray" else None
+    ray = _engine(engine, RayOptions(ray_address, embed_actors, gpus_per_actor), workers)
     if check:
         from ssindex.pipeline.build import check as check_index
 
@@ -126,6 +125,18 @@ def build(
         _emit(stats)
     else:
         Console().print(summary_table(stats))
+
+
+def _engine(engine: str, ray: RayOptions, workers: int | None) -> RayOptions | None:
+    """The Ray options of a Ray build (``None`` for a local one), checked against the
+    engine's other options."""
+    if engine not in ("local", "ray"):
+        raise ConfigError("--engine must be local or ray")
+    if engine == "local" and (ray.address or ray.embed_actors or ray.gpus_per_actor is not None):
+        raise ConfigError("--ray-address, --embed-actors and --gpus-per-actor need --engine ray")
+    if engine == "ray" and workers is not None:
+        raise ConfigError("--workers is the local engine's; Ray schedules its own tasks")
+    return ray if engine == "ray" else None
 
 
 def _with_options(cfg: BuildConfig, model: str | None, allow_secrets: bool,

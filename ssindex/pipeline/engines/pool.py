@@ -132,8 +132,8 @@ def _collect(block: list[Candidate], future: Future[tuple[list[Prepared], WalkSt
         files, counted = future.result()
     except BrokenProcessPool as exc:
         raise WorkerLost(
-            f"a worker process died (killed, out of memory or crashed) while reading and "
-            f"chunking {block[0].rel} … {block[-1].rel}; nothing was committed. "
+            f"a worker process died (killed, out of memory or crashed) while the files "
+            f"from {block[0].rel} on were read and chunked; nothing was committed. "
             f"--workers 1 does the same work in the build's own process") from exc
     stats.add(counted)
     return files
