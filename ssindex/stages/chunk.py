@@ -91,6 +91,12 @@ class ChunkStats:
     chunkers: Counter[str] = field(default_factory=Counter)
     """Files per chunker: ``ast``, ``lines``, ``lines_parse_error``."""
 
+    def count(self, chunker: str, chunks: int) -> None:
+        """Count one chunked file (here, or in a worker process)."""
+        self.files += 1
+        self.chunkers[chunker] += 1
+        self.chunks += chunks
+
 
 @dataclass(slots=True)
 class _Span:
@@ -129,11 +135,9 @@ def chunk(
 ) -> Iterator[tuple[SourceFile, list[IndexedChunk]]]:
     """Yield each file with its chunks, in input order."""
     for source in files:
-        stats.files += 1
         chunks, chunker = chunk_file(source, cfg)
-        stats.chunkers[chunker] += 1
+        stats.count(chunker, len(chunks))
         rows = [IndexedChunk(c) for c in chunks]
-        stats.chunks += len(rows)
         yield source, rows
 
 

@@ -138,9 +138,7 @@ def _chunked(plan: BuildPlan, candidates: Iterable[Candidate], stats: RunStats,
         progress.advance("walk")
         if source is None:
             continue
-        stats.chunk.files += 1
-        stats.chunk.chunkers[chunker] += 1
-        stats.chunk.chunks += len(rows)
+        stats.chunk.count(chunker, len(rows))
         yield source, rows
 
 
