@@ -33,10 +33,12 @@ _BUILD = NO_FORWARD + """
 import json, resource, sys, time
 from pathlib import Path
 from ssindex import build
-from ssindex.config import BuildConfig
+from ssindex.config import BuildConfig, CommitConfig
 
 started = time.perf_counter()
-stats = build(Path(sys.argv[1]), sys.argv[2], BuildConfig(workers=int(sys.argv[3])), BACKENDS)
+once = CommitConfig(progressive=False)  # one pass over the tree: its capacity is the figure
+stats = build(Path(sys.argv[1]), sys.argv[2], BuildConfig(workers=int(sys.argv[3]), commit=once),
+              BACKENDS)
 wall = time.perf_counter() - started
 usage = resource.getrusage(resource.RUSAGE_SELF)
 print(json.dumps({"chunks": stats["chunks_total"], "wall_seconds": wall,

@@ -84,6 +84,9 @@ def build(
         "key and credential files, redact tokens and passwords).")] = False,
     check: Annotated[bool, typer.Option(
         "--check", help="Build nothing: exit 1 if the index is stale, 0 if current.")] = False,
+    no_embed: Annotated[bool, typer.Option(
+        "--no-embed", help="A lexical index, no model loaded; a later build embeds it.",
+    )] = False,
     workers: Annotated[int | None, typer.Option(
         "--workers", min=1, help="Processes that read and chunk files (default: most cores "
         "when a GPU embeds, else 1).")] = None,
@@ -116,7 +119,8 @@ def build(
     reporter: Any = RichProgress(err) if live else PlainProgress()
     try:
         with reporter:
-            stats = run_build(path, index, cfg, overrides, progress=reporter, ray=ray)
+            stats = run_build(path, index, cfg, overrides, progress=reporter, ray=ray,
+                              no_embed=no_embed)
     except KeyboardInterrupt:
         err.print("interrupted: searches see the last committed build; the next build "
                   "reuses the batches embedded so far", highlight=False, soft_wrap=True)
@@ -211,7 +215,7 @@ def search(
     from ssindex.query.filters import Filters
     from ssindex.query.searcher import Searcher
     from ssindex.query.workspace import Workspace, workspace_indexes
-    from ssindex.tools.listing import FORMATS, lines, print_text
+    from ssindex.tools.listing import FORMATS
 
     shape = _format(fmt, as_json, FORMATS)
     filters = Filters.of(path, exclude, lang, kind, symbol, tests)
@@ -222,13 +226,21 @@ def search(
     engine = searchers[0] if len(searchers) == 1 else Workspace(searchers)
     response = engine.search(query, k=k, mode=mode, abstain=not no_abstain, explain=explain,
                              filters=filters, context=context)
-    data = response.as_json()
+    _show(response.as_json(), shape, searchers[0].index.path)
+
+
+def _show(data: dict[str, Any], shape: str, index: Path) -> None:
+    """A search's answer in its format on stdout; notes on stderr."""
+    from ssindex.tools.listing import coverage_note, lines, print_text
+
+    if note := coverage_note(data, index):
+        err.print(note, highlight=False, soft_wrap=True)
     if shape == "text":
         print_text(data, Console())
         return
     for line in lines(data, shape):
         sys.stdout.write(line + "\n")
-    if shape != "json" and response.abstained:  # stdout stays the format's alone
+    if shape != "json" and data["abstained"]:  # stdout stays the format's alone
         err.print("nothing relevant in this index (abstained; --no-abstain to answer anyway)",
                   highlight=False, soft_wrap=True)
 

@@ -19,10 +19,14 @@ from ssindex.util.arrays import binary_matrix, numeric_view
 _LEVELS = {"int8": 127, "int4": 7}
 
 
+def code_width(method: Quantization, dim: int) -> int:
+    """Bytes of one vector's codes."""
+    return {"int8": dim, "int4": (dim + 1) // 2, "none": 4 * dim}[method]
+
+
 def bytes_per_vector(method: Quantization, dim: int) -> int:
     """Stored bytes of one vector: codes plus a float32 scale."""
-    codes = {"int8": dim, "int4": (dim + 1) // 2, "none": 4 * dim}[method]
-    return codes + (0 if method == "none" else 4)
+    return code_width(method, dim) + (0 if method == "none" else 4)
 
 
 def quantize_matrix(vectors: np.ndarray, method: Quantization) -> tuple[np.ndarray, np.ndarray]:
@@ -94,7 +98,28 @@ def positive_mask(codes: np.ndarray, method: Quantization, dim: int) -> np.ndarr
 
 
 def stored_vectors(rows: pa.Table, method: str, dim: int) -> np.ndarray:
-    """The float32 vectors of rows with ``vec_codes`` and ``vec_scale`` columns."""
-    return dequantize_matrix(binary_matrix(rows.column("vec_codes").combine_chunks()),
-                             numeric_view(rows.column("vec_scale"), np.float32),
-                             method, dim)  # type: ignore[arg-type]
+    """The float32 vectors of rows with ``vec_codes`` and ``vec_scale`` columns (a row
+    without a vector reads as zeros)."""
+    codes, scales = stored_codes(rows, method, dim)
+    return dequantize_matrix(codes, scales, method, dim)  # type: ignore[arg-type]
+
+
+def stored_codes(rows: pa.Table, method: str, dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ``vec_codes`` (uint8 rows) and ``vec_scale`` of ``rows``, as views. Rows that a
+    ``--no-embed`` build left without a vector read as zero codes (a copy, then)."""
+    codes, scales = rows.column("vec_codes"), rows.column("vec_scale")
+    if codes.null_count:
+        import pyarrow.compute as pc  # here, not above: searches of whole indexes skip it
+
+        width = code_width(method, dim)  # type: ignore[arg-type]
+        codes = pc.fill_null(codes, pa.scalar(bytes(width), pa.binary()))
+        scales = pc.fill_null(scales, pa.scalar(0.0, pa.float32()))
+    return binary_matrix(codes.combine_chunks()), numeric_view(scales, np.float32)
+
+
+def embedded_mask(rows: pa.Table) -> np.ndarray | None:
+    """Which rows have a vector; ``None`` when all do."""
+    codes = rows.column("vec_codes")
+    if not codes.null_count:
+        return None
+    return np.concatenate([np.asarray(chunk.is_valid()) for chunk in codes.chunks])

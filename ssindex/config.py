@@ -61,11 +61,24 @@ class EmbedConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class CommitConfig:
+    progressive: bool = True
+    """A first build commits a lexical version before embedding, then partial versions
+    (``pipeline.publication``); ``False`` commits once, at the end."""
+    every_seconds: float = 60.0
+    every_chunks: int = 20_000
+    """A partial version is published when either much has passed since the last."""
+    min_files: int = 50
+    """A first build of fewer files commits once: it embeds in a minute at most."""
+
+
+@dataclass(frozen=True, slots=True)
 class BuildConfig:
     walk: WalkConfig = field(default_factory=WalkConfig)
     chunk: ChunkConfig = field(default_factory=ChunkConfig)
     dedupe: DedupeConfig = field(default_factory=DedupeConfig)
     embed: EmbedConfig = field(default_factory=EmbedConfig)
+    commit: CommitConfig = field(default_factory=CommitConfig)
     quantization: Quantization = "int8"
     backends: tuple[tuple[str, str], ...] = ()
     """Explicit backend choices per phase, e.g. (("embed_bulk", "onnx-cpu"),)."""
@@ -82,6 +95,7 @@ _SECTIONS: dict[str, type] = {
     "chunk": ChunkConfig,
     "dedupe": DedupeConfig,
     "embed": EmbedConfig,
+    "commit": CommitConfig,
 }
 
 
@@ -97,6 +111,9 @@ _BOUNDS: dict[tuple[str, str], tuple[float, float]] = {
     ("dedupe", "min_tokens"): (0, math.inf),
     ("embed", "max_tokens"): (3, math.inf),  # the model's two special tokens and one more
     ("embed", "batch_tokens"): (1, math.inf),
+    ("commit", "every_seconds"): (0.1, math.inf),
+    ("commit", "every_chunks"): (1, math.inf),
+    ("commit", "min_files"): (0, math.inf),
 }
 """Inclusive bounds of numeric settings; outside them a build would fail or be useless."""
 

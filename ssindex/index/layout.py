@@ -37,11 +37,12 @@ from ssindex.errors import (
     map_exceptions,
     storage_faults,
 )
+from ssindex.index.activity import running_build
 from ssindex.util.fsio import atomic_file, atomic_write_bytes
 
 FORMAT_VERSION = 1
 TABLE = "chunks"
-_VERSIONED = re.compile(r"(?:v|terms-v|postings-v|search-v)(\d+)\.arrow")
+_VERSIONED = re.compile(r"(?:v|terms-v|postings-v|search-v)(\d+)(?:-p\d+)?\.arrow")
 HEAD = "HEAD.json"
 HEAD_KEYS = ("table_version", "manifest", "root", "built_at", "model", "quantization",
              "settings", "files", "chunks")
@@ -230,8 +231,13 @@ class IndexDir:
 
 
 def status_data(index_path: Path) -> dict[str, Any]:
-    """What an index holds and how it was built (``ssindex status``, MCP ``status``)."""
-    head = IndexDir(index_path).read_head().data
+    """What an index holds and how it was built (``ssindex status``, MCP ``status``): and
+    the build running on it, if one is (``build``: null when none)."""
+    index = IndexDir(index_path)
+    build = running_build(index.path)
+    if build is not None and not index.exists():  # the first build, before its commit
+        return {"index": str(index_path), "searchable": False, "build": build}
+    head = index.read_head().data
     stats = head.get("stats", {})
     return {
         "index": str(index_path), "files": head["files"], "chunks": head["chunks"],
@@ -242,6 +248,8 @@ def status_data(index_path: Path) -> dict[str, Any]:
         "model": head["model"]["id"], "quantization": head["quantization"],
         "index_version": FORMAT_VERSION, "table_version": head["table_version"],
         "built_at": head["built_at"], "root": head["root"],
+        "dense_coverage": round(float(head.get("dense_coverage", 1.0)), 4),
+        "build": build,
     }
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import queue
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -46,8 +47,12 @@ class TableWriter:
 
     def _write(self, batches: Iterable[pa.RecordBatch], previous_digests: dict[str, str],
                row_ids: set[str]) -> int:
-        db = self.index.connect()
         changed = self._changed(batches, previous_digests)
+        # the first batch before LanceDB: the stages (and a clean build's worker
+        # processes) start while its import takes its ~2 s
+        first = next(changed, None)
+        changed = itertools.chain([] if first is None else [first], changed)
+        db = self.index.connect()
         if self.previous is None or TABLE not in db.table_names():
             table = _stream_to(lambda reader: db.create_table(
                 TABLE, data=reader, schema=CHUNK_SCHEMA, mode="overwrite"), changed)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +15,8 @@ import numpy as np
 from ssindex.backends.inventory import detect
 from ssindex.backends.model import ModelSpec
 from ssindex.config import BuildConfig
-from ssindex.errors import IndexCorrupt
+from ssindex.errors import ConfigError, IndexCorrupt
+from ssindex.index.activity import Activity
 from ssindex.index.layout import (
     IndexDir,
     default_index_path,
@@ -29,9 +32,10 @@ from ssindex.pipeline.engines.pool import default_workers
 from ssindex.pipeline.fingerprint import settings_fingerprint
 from ssindex.pipeline.plan import BuildPlan, RayOptions
 from ssindex.pipeline.previous import PreviousIndex, stale_reasons
-from ssindex.pipeline.progress import Progress, SilentProgress
+from ssindex.pipeline.progress import Progress, SilentProgress, Tracked
+from ssindex.pipeline.publication import Publisher
 from ssindex.pipeline.staging import Staging
-from ssindex.stages.walk import WalkStats, check_root, walk
+from ssindex.stages.walk import WalkStats, check_root, discover, walk
 
 
 def _previous(index: IndexDir, cfg: BuildConfig, model: ModelSpec,
@@ -70,17 +74,21 @@ def build(
     backend_overrides: dict[str, str] | None = None,
     progress: Progress | None = None,
     ray: RayOptions | None = None,
+    no_embed: bool = False,
 ) -> dict[str, Any]:
     """Index ``root`` into ``index_path`` (default ``root/.ssindex``); returns build stats.
 
     ``ray`` runs the stages on a Ray cluster instead of this process
     (``engines.ray_driver``). ``index_path`` may be an object-store URI
     (``s3://bucket/prefix``): the build runs against a local mirror, then uploads it
-    (``ssindex.index.remote``)."""
+    (``ssindex.index.remote``). ``no_embed`` builds a lexical index and loads no
+    model: new chunks get no vector (stored ones are kept) until a later build."""
+    if no_embed and ray is not None:
+        raise ConfigError("--no-embed is the local engine's: Ray builds embed on actors")
     if index_path is not None and is_remote(index_path):
         remote = RemoteIndex(str(index_path))
         result = build(root, remote.pull(for_commit=True), config, backend_overrides,
-                       progress, ray)
+                       progress, ray, no_embed)
         remote.push()
         return result | {"index": remote.uri}
     started = Started()
@@ -91,41 +99,116 @@ def build(
     index = IndexDir(Path(index_path) if index_path else default_index_path(root))
     index.ensure_writable()
     with _cluster(ray), BuildLock(index.path, warn=progress.message):
-        model = ModelSpec.resolve(cfg.embed.model)
-        previous = _previous(index, cfg, model, progress)
-        plan, encoder, staging = _plan(root, index, cfg, model, previous, explicit, progress,
-                                       ray)
-        writer = TableWriter(index, previous.head if previous else None,
-                             purge=previous is not None and _secrets_tightened(previous, cfg))
-        outcome = _execute(plan, encoder, writer, previous, explicit, model, progress, ray)
-        result = commit(index, plan, outcome, writer, previous, model, started)
-        staging.clear()
-    return result | {"index": str(index.path), "table_version": outcome.version}
+        activity = Activity(index.path)
+        try:
+            job = _Job(root, index, cfg, ModelSpec.resolve(cfg.embed.model), explicit,
+                       Tracked(progress, activity), ray)
+            return _progressive(job, no_embed, activity, started)
+        finally:
+            activity.close()
 
 
-def _plan(root: Path, index: IndexDir, cfg: BuildConfig, model: ModelSpec,
-          previous: PreviousIndex | None, explicit: str | None, progress: Progress,
-          ray: RayOptions | None) -> tuple[BuildPlan, LazyEncoder, Staging]:
+@dataclass(frozen=True)
+class _Job:
+    """What every commit of one ``build`` call shares."""
+
+    root: Path
+    index: IndexDir
+    cfg: BuildConfig
+    model: ModelSpec
+    explicit: str | None
+    progress: Progress
+    ray: RayOptions | None
+
+
+def _progressive(job: _Job, no_embed: bool, activity: Activity, started: Started,
+                 ) -> dict[str, Any]:
+    """The build's commits: for a progressive first build, a lexical version first, then
+    partial versions as it embeds (``pipeline.publication``), then the finished one."""
+    previous = _previous(job.index, job.cfg, job.model, job.progress)
+    progressive = job.cfg.commit.progressive and not no_embed and job.ray is None
+    first: dict[str, Any] | None = None
+    if progressive and previous is None and _many_files(job):
+        first = _commit_once(job, None, True, Started(), None)
+        job.progress.restart(f"searchable now: lexical version of {first['chunks_total']} "
+                             f"chunks in {first['wall_seconds']:.1f} s; embedding them next")
+        previous = _previous(job.index, job.cfg, job.model, job.progress)
+    if previous is not None:
+        activity.expect(int(previous.head.data["chunks"]),
+                        "building" if no_embed else "embedding")
+    publisher = None
+    if progressive and previous is not None and previous.dense_coverage < 1.0 and \
+            previous.chunks_reusable:
+        publisher = Publisher(job.index, previous.head.data, job.cfg.commit.every_seconds,
+                              job.cfg.commit.every_chunks)
+    result = _commit_once(job, previous, no_embed, Started(), publisher)
+    if publisher is not None:
+        publisher.finish()
+    result["wall_seconds"] = round(time.perf_counter() - started.seconds, 3)
+    result["first_commit_seconds"] = first["wall_seconds"] if first else (
+        result["wall_seconds"])
+    result["partial_commits"] = publisher.commits if publisher is not None else 0
+    return result
+
+
+def _many_files(job: _Job) -> bool:
+    """Whether the tree has ``commit.min_files`` files to index (listed, not read)."""
+    listed = discover(job.root, job.cfg.walk, WalkStats(), job.index.path)
+    return sum(1 for _ in itertools.islice(listed, job.cfg.commit.min_files)) \
+        >= job.cfg.commit.min_files
+
+
+def _commit_once(job: _Job, previous: PreviousIndex | None, no_embed: bool, started: Started,
+                 publisher: Publisher | None) -> dict[str, Any]:
+    """Run the stages once and commit what they made."""
+    plan, encoder, staging = _plan(job, previous, no_embed, publisher)
+    # rows left without a vector make this build a rebuild (vectors reused by key),
+    # written anew: it then equals a build that never left any
+    diffed = previous is not None and (no_embed or previous.dense_coverage == 1.0)
+    writer = TableWriter(job.index, previous.head if previous and diffed else None,
+                         purge=previous is not None and _secrets_tightened(previous, job.cfg))
+    outcome = _execute(plan, encoder, writer, previous, job.explicit, job.model, job.progress,
+                       job.ray)
+    result = commit(job.index, plan, outcome, writer, previous, job.model, started)
+    staging.clear()
+    return result | {"index": str(job.index.path), "table_version": outcome.version}
+
+
+def _plan(job: _Job, previous: PreviousIndex | None, no_embed: bool,
+          publisher: Publisher | None) -> tuple[BuildPlan, LazyEncoder, Staging]:
     """The build's plan, its encoder, and the staging area its checkpoints go to."""
-    reusable = previous if previous is not None and previous.chunks_reusable else None
+    cfg, model, explicit, ray = job.cfg, job.model, job.explicit, job.ray
+    reusable = previous if previous is not None and previous.chunks_reusable and (
+        no_embed or previous.dense_coverage == 1.0) else None
     # under Ray the actors embed; this process only embeds abstention probes, on the
     # query backend, and the actors' hardware may not be this machine's
-    encoder = LazyEncoder(model, cfg, None if ray else explicit, progress,
-                          incremental=ray is not None or reusable is not None)
-    if explicit and not ray:
+    encoder = LazyEncoder(model, cfg, None if ray else explicit, job.progress,
+                          incremental=ray is not None or reusable is not None,
+                          embeds=not no_embed)
+    if explicit and not ray and not no_embed:
         encoder.load()  # an explicit backend that cannot run fails before any work
     model_key = f"{model.fingerprint}:{cfg.embed.max_tokens}"
-    staging = Staging(index.path, model_key)
+    staging = Staging(job.index.path, model_key)
     if staging.load():
-        progress.message("resuming: reusing vectors checkpointed by an interrupted build")
+        job.progress.message("resuming: reusing vectors checkpointed by an interrupted build")
 
     def reuse(keys: list[str]) -> dict[str, np.ndarray]:
         found = previous.vectors(keys) if previous else {}
         return found | staging.lookup([key for key in keys if key not in found])
 
-    plan = BuildPlan(root, index.path, cfg, encoder, model, model_key, reuse, reusable,
-                     checkpoint=staging.checkpoint, on_change=encoder.prepare,
-                     workers=cfg.workers or default_workers(_gpu_embeds(explicit)))
+    def checkpoint(keys: list[str], vectors: np.ndarray) -> None:
+        staging.checkpoint(keys, vectors)
+        if publisher is not None:
+            publisher.add(keys, vectors)
+
+    if publisher is not None:
+        publisher.seed(staging)
+    plan = BuildPlan(job.root, job.index.path, cfg, encoder, model, model_key, reuse, reusable,
+                     checkpoint=checkpoint,
+                     on_change=None if no_embed else encoder.prepare,
+                     workers=cfg.workers or default_workers(_gpu_embeds(explicit),
+                                                            embeds=not no_embed),
+                     embeds=not no_embed)
     return plan, encoder, staging
 
 

@@ -67,12 +67,15 @@ def commit(index: IndexDir, plan: BuildPlan, outcome: Outcome, writer: TableWrit
         # same rows: the search files and thresholds of the previous build still hold
         files = {name: kept[name] for name in HEAD_FILES[1:]}
         thresholds = Thresholds(**kept["abstention"])
+        coverage = float(kept.get("dense_coverage", 1.0))
     else:
-        files, thresholds = search_files_of(index, version, outcome.encoder, plan.model_key,
-                                            kept, writer.changes if current else None)
+        files, thresholds, coverage = search_files_of(
+            index, version, outcome.encoder, plan.model_key, kept,
+            writer.changes if current else None)
     result = build_stats(stats, outcome.encode, outcome.backend, model, cfg,
                          outcome.write_seconds, writer, previous)
     result["engine"] = outcome.engine
+    result["dense_coverage"] = coverage
     result["wall_seconds"] = round(time.perf_counter() - started.seconds, 3)
     # manifests are hashed afresh (one may have been rewritten under its name, repaired);
     # Lance files are never rewritten, so the previous head's hashes of them hold
@@ -89,6 +92,7 @@ def commit(index: IndexDir, plan: BuildPlan, outcome: Outcome, writer: TableWrit
         "settings": {"fingerprint": settings_fingerprint(cfg, model),
                      "config": dataclasses.asdict(cfg)},
         **files, "search_files": SEARCH_FILES_VERSION, "abstention": thresholds.as_json(),
+        "dense_coverage": coverage,
         "files": result["files_indexed"], "chunks": result["chunks_total"], "stats": result,
         "checksums": recorded,
     })
@@ -101,19 +105,25 @@ def commit(index: IndexDir, plan: BuildPlan, outcome: Outcome, writer: TableWrit
 
 
 def search_files_of(index: IndexDir, version: int, encoder: LazyEncoder, model_key: str,
-                  previous: dict[str, Any], changes: tuple[pa.Table, set[str]] | None,
-                  ) -> tuple[dict[str, str], Thresholds]:
-    """The search files of the committed version (``ssindex.index.search_files``), and abstention
-    thresholds calibrated on its rows. ``changes`` (rows written, ids deleted) against the
-    version whose search files ``previous`` names update those; without, they are
-    written from the table.
+                    previous: dict[str, Any], changes: tuple[pa.Table, set[str]] | None,
+                    ) -> tuple[dict[str, str], Thresholds, float]:
+    """The search files of the committed version (``ssindex.index.search_files``),
+    abstention thresholds calibrated on its rows, and the share of its rows that have
+    a vector. ``changes`` (rows written, ids deleted) against the version whose search
+    files ``previous`` names update those; without, they are written from the table.
 
     The nonsense queries' vectors depend on the model alone, so they are kept
-    beside the index and a rebuild that embeds nothing never loads the model."""
+    beside the index and a rebuild that embeds nothing never loads the model. An
+    index with rows still to embed is calibrated lexically alone: searches do not
+    abstain on it (``Searcher``), so a ``--no-embed`` build never loads the model."""
     if changes is not None:
         files, data, stats = update_search_files(index, version, previous, *changes)
     else:
         files, data, stats = write_search_files(index, version)
+    coverage = 1.0 - data.column("vec_codes").null_count / len(data) if len(data) else 1.0
+    if coverage < 1.0:
+        return files, calibrate(stats, np.zeros((0, encoder.model.dim), np.float32), [],
+                                None), coverage
     key = xxhash.xxh3_64_hexdigest(model_key.encode())
     cache = index.path / "manifests" / f"nonsense-{key}.arrow"
 
@@ -129,13 +139,14 @@ def search_files_of(index: IndexDir, version: int, encoder: LazyEncoder, model_k
     def vectors(rows: pa.Table) -> np.ndarray:
         return stored_vectors(rows, encoder.quantization, encoder.model.dim)
 
-    if changes is not None:
+    if changes is not None and previous.get("dense_coverage", 1.0) == 1.0:
         written, removed = changes
         thresholds = recalibrate(Thresholds(**previous["abstention"]), stats, vectors(written),
                                  written.column("id").to_pylist(), removed, embed)
         if thresholds is not None:
-            return files, thresholds
-    return files, calibrate(stats, vectors(data), data.column("id").to_pylist(), embed)
+            return files, thresholds, coverage
+    return files, calibrate(stats, vectors(data), data.column("id").to_pylist(),
+                            embed), coverage
 
 
 def build_stats(stats: RunStats, encode: EncodeStats | None, backend: BackendReport,

@@ -37,8 +37,10 @@ class LazyEncoder:
     chunks to embed. Both agree to cosine ≥ 0.999 (see the backend tests)."""
 
     def __init__(self, model: ModelSpec, cfg: BuildConfig, explicit: str | None,
-                 progress: Progress, incremental: bool = False) -> None:
+                 progress: Progress, incremental: bool = False, embeds: bool = True) -> None:
         self.model = model
+        self.embeds = embeds
+        """``False`` for a ``--no-embed`` build: loading a backend is then a bug."""
         self.quantization: Quantization = cfg.quantization
         self._cfg = cfg
         self._explicit = explicit
@@ -91,6 +93,8 @@ class LazyEncoder:
         return self._load()
 
     def _load(self) -> Encoder:
+        if not self.embeds:
+            raise RuntimeError("a --no-embed build asked for the model")
         if self.encoder is None:
             query = self._phase == "embed_query"
             # the query backends are probed anyway: importing torch (seconds) to take
@@ -106,7 +110,8 @@ class LazyEncoder:
     def report(self) -> BackendReport:
         self._settle()
         if self.selection is None:
-            return BackendReport.unloaded("not loaded: every vector was reused")
+            return BackendReport.unloaded("not loaded: every vector was reused" if self.embeds
+                                          else "not loaded: --no-embed")
         report = self.selection.report()
         if self._phase == "embed_query" and not self._embedded:
             reason = f"loaded for changed files, but every vector was reused ({report.reason})"

@@ -47,6 +47,9 @@ class BuildPlan:
     """Chunks per batch between dedupe and write."""
     workers: int = 1
     """Processes of the CPU side (``engines.pool``); 1 is the producer thread."""
+    embeds: bool = True
+    """Whether chunks without a stored vector are embedded; ``False`` (``--no-embed``)
+    leaves them without one and never loads the model."""
 
 
 @dataclass(frozen=True)

@@ -112,8 +112,18 @@ class PreviousIndex:
         if not found:
             return {}
         codes = self.rows(list(found.values()), ["vec_codes", "vec_scale"])
+        embedded = pc.is_valid(codes.column("vec_codes")).to_numpy(zero_copy_only=False)
+        if not embedded.all():  # rows a ``--no-embed`` build left without a vector
+            found = {key: p for (key, p), kept in zip(found.items(), embedded, strict=True)
+                     if kept}
+            codes = codes.filter(pa.array(embedded))
         matrix = stored_vectors(codes, self.head.quantization, self.head.dim)
         return dict(zip(found, matrix, strict=True))
+
+    @property
+    def dense_coverage(self) -> float:
+        """Share of its rows that have a vector (1.0 for indexes that predate the field)."""
+        return float(self.head.data.get("dense_coverage", 1.0))
 
 
 STAT_MARGIN_NS = 2_000_000_000
@@ -143,6 +153,8 @@ def stale_reasons(previous: PreviousIndex | None, files: dict[str, str]) -> list
     if previous is None:
         return ["no index"]
     reasons = [] if previous.chunks_reusable else ["settings or model changed"]
+    if previous.dense_coverage < 1.0:
+        reasons.append(f"{1 - previous.dense_coverage:.0%} of chunks not embedded yet")
     known = {path: entry[0] for path, entry in previous.files.items()}
     changed = sum(1 for p, h in files.items() if p in known and known[p] != h)
     added = sum(1 for p in files if p not in known)

@@ -13,29 +13,48 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from ssindex.codec import positive_mask, row_dots, stored_scores, stored_vectors
+from ssindex.codec import (
+    embedded_mask,
+    positive_mask,
+    row_dots,
+    stored_codes,
+    stored_scores,
+    stored_vectors,
+)
 from ssindex.config import Quantization
 from ssindex.query.fusion import Ranking
-from ssindex.util.arrays import best_first, binary_matrix, numeric_view
+from ssindex.util.arrays import best_first
 
 PREFILTER_ROWS = 20_000
 SHORTLIST = 2_000
 
 
 class DenseLeg:
-    """Nearest rows of one pinned version's search file (``vec_codes``, ``vec_scale``)."""
+    """Nearest rows of one pinned version's search file (``vec_codes``, ``vec_scale``).
+    Rows without a vector (``embedded``) are never among them."""
 
     def __init__(self, rows: pa.Table, quantization: Quantization, dim: int) -> None:
         self.rows, self.quantization, self.dim = rows, quantization, dim
+        self.embedded = embedded_mask(rows)
+        """Which rows have a vector, while a build still has some to embed (else ``None``)."""
         self._matrix: np.ndarray | None = None
         self._stored: tuple[np.ndarray, np.ndarray] | None = None
         self._signs: np.ndarray | None = None
+
+    @property
+    def coverage(self) -> float:
+        """Share of the rows that have a vector."""
+        if self.embedded is None or not len(self.rows):
+            return 1.0
+        return float(np.count_nonzero(self.embedded)) / len(self.rows)
 
     def nearest(self, vector: np.ndarray, limit: int, allowed: np.ndarray | None = None,
                 ) -> Ranking:
         """The ``limit`` rows nearest ``vector``, best first; only rows ``allowed`` lets
         through (``ssindex.query.filters``), when given. A filter that leaves at most
         ``SHORTLIST`` rows of a large index makes its scan exact."""
+        if self.embedded is not None:
+            allowed = self.embedded if allowed is None else allowed & self.embedded
         if len(self.rows) < PREFILTER_ROWS:
             scores = row_dots(self.vectors(), vector)
             rows = np.arange(len(self.rows)) if allowed is None else np.flatnonzero(allowed)
@@ -81,8 +100,7 @@ class DenseLeg:
     def codes(self) -> tuple[np.ndarray, np.ndarray]:
         """Every row's vector codes (a view of the memory-mapped snapshot) and scales."""
         if self._stored is None:
-            self._stored = (binary_matrix(self.rows.column("vec_codes").combine_chunks()),
-                            numeric_view(self.rows.column("vec_scale"), np.float32))
+            self._stored = stored_codes(self.rows, self.quantization, self.dim)
         return self._stored
 
     def vectors(self) -> np.ndarray:

@@ -96,14 +96,22 @@ def _normalized(ranking: Ranking, bounds: tuple[float, float] | None = None,
 
 
 def fuse(dense: Ranking, lexical: Ranking, lexical_share: float,
-         bounds: Bounds | None = None) -> Ranking:
-    """Convex fusion of min-max normalized scores; RRF when a leg is degenerate."""
+         bounds: Bounds | None = None, unembedded: np.ndarray | None = None) -> Ranking:
+    """Convex fusion of min-max normalized scores; RRF when a leg is degenerate.
+
+    ``unembedded`` marks (by row) the rows a build has not embedded yet, which the dense
+    leg cannot rank: such a lexical candidate counts its lexical score for both legs,
+    so it is not buried under rows that both legs score. With no row embedded, the
+    fused order is the lexical leg's."""
     dense_n = _normalized(dense, bounds.dense if bounds else None)
     lexical_n = _normalized(lexical, bounds.lexical if bounds else None)
     if dense_n is None or lexical_n is None:
         return reciprocal_rank_fusion([dense, lexical])
+    shares = np.full(len(lexical), lexical_share)
+    if unembedded is not None:
+        shares[unembedded[lexical.rows]] = 1.0
     return _summed(np.concatenate([dense.rows, lexical.rows]),
-                   np.concatenate([(1 - lexical_share) * dense_n, lexical_share * lexical_n]),
+                   np.concatenate([(1 - lexical_share) * dense_n, shares * lexical_n]),
                    tie_break="row")
 
 

@@ -17,6 +17,7 @@ from functools import cached_property
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from ssindex.backends.base import Encoder
 from ssindex.backends.inventory import detect
@@ -26,7 +27,7 @@ from ssindex.config import SEARCH_MODES
 from ssindex.errors import ConfigError, IndexCorrupt
 from ssindex.index.abstention import TermStats, Thresholds
 from ssindex.index.integrity import verify
-from ssindex.index.layout import IndexDir
+from ssindex.index.layout import Head, IndexDir
 from ssindex.index.postings import NAME_WEIGHT_IDENTIFIER, NAME_WEIGHT_NATURAL, Postings
 from ssindex.index.remote import resolve_index
 from ssindex.index.search_files import SEARCH_FILES_VERSION
@@ -96,10 +97,14 @@ class SearchResponse:
     they let through."""
     root: str | None = None
     """The indexed directory that results' paths are relative to."""
+    dense_coverage: float = 1.0
+    """Share of the rows the dense leg can rank: below 1 while a build has chunks left
+    to embed (``ssindex build --no-embed``, or a build still running)."""
 
     def as_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {"query": self.query, "mode": self.mode,
-                                "abstained": self.abstained, "results": self.results}
+                                "abstained": self.abstained, "results": self.results,
+                                "dense_coverage": round(self.dense_coverage, 4)}
         if self.filters:
             data["filters"] = self.filters
         if self.root is not None:
@@ -116,15 +121,10 @@ class Searcher:
 
     def __init__(self, index_path: str | os.PathLike[str], backend: str | None = None) -> None:
         self.index = IndexDir(resolve_index(index_path))
-        self.head = self.index.read_head()
-        if self.head.data.get("search_files") != SEARCH_FILES_VERSION:
-            raise IndexCorrupt(f"the index at {self.index.path} has search files of another "
-                               "ssindex release: run `ssindex build` once more (nothing is "
-                               "re-embedded)")
+        self.head, self.rows = self._pinned()
+        """The committed version, and every row of it: metadata, text and vector codes
+        (memory-mapped)."""
         self._checksums: dict[str, str] = self.head.data.get("checksums", {})
-        verify(self.index, self._checksums, f"manifests/{self.head.data['snapshot']}")
-        self.rows = self.index.read_manifest(self.head.data["snapshot"], mmap=True)
-        """Every row of the pinned version: metadata, text and vector codes (memory-mapped)."""
         self._backend_choice = backend
         self._selection: Selection | None = None
         self._encoder: Encoder | None = None
@@ -135,6 +135,27 @@ class Searcher:
         self.excerpts = Excerpts(self.rows, self.row_filter)
         self._terms: TermStats | None = None
         self._postings: Postings | None = None
+        if self.dense.coverage < 1.0:  # a progressive build may remove them once it is done
+            self.postings  # noqa: B018 (maps the postings now)
+
+    def _pinned(self) -> tuple[Head, pa.Table]:
+        """The version ``HEAD.json`` names, and its snapshot. A progressive build removes
+        older partial snapshots as it commits (``ssindex.pipeline.publication``): one
+        gone between reading ``HEAD.json`` and opening it is read again at the new head."""
+        while True:
+            head = self.index.read_head()
+            if head.data.get("search_files") != SEARCH_FILES_VERSION:
+                raise IndexCorrupt(f"the index at {self.index.path} has search files of "
+                                   "another ssindex release: run `ssindex build` once more "
+                                   "(nothing is re-embedded)")
+            snapshot = head.data["snapshot"]
+            try:
+                verify(self.index, head.data.get("checksums", {}), f"manifests/{snapshot}")
+                return head, self.index.read_manifest(snapshot, mmap=True)
+            except IndexCorrupt:
+                if (self.index.path / "manifests" / snapshot).is_file() or \
+                        self.index.read_head().data.get("snapshot") == snapshot:
+                    raise
 
     # -- the legs -------------------------------------------------------------------------
     def lexical(self, query: str, limit: int = CANDIDATES, filters: Filters | None = None,
@@ -186,7 +207,8 @@ class Searcher:
         if ranked.stage_ms is not None:
             elapsed["ranking"] = round(ranked.stage_ms, 3)
         return SearchResponse(query, mode, results, self.backend, elapsed, legs.abstained,
-                              legs.filters(filters), self.head.data.get("root"))
+                              legs.filters(filters), self.head.data.get("root"),
+                              self.dense.coverage)
 
     def legs(self, query: str, k: int, mode: str, filters: Filters, abstain: bool,
              vector: np.ndarray | None = None) -> Legs:
@@ -196,14 +218,18 @@ class Searcher:
         depth = max(CANDIDATES, k)
         dense = lexical = _NOTHING
         lexical_leg: Future[Ranking] | None = None
-        if mode != "lexical" and len(self.rows):
+        if mode == "semantic" and len(self.rows) and not self.dense.coverage:
+            raise ConfigError(f"the index at {self.index.path} has no vectors yet (built "
+                              "with --no-embed): search with --mode lexical or hybrid, or "
+                              "run `ssindex build` to embed it")
+        if mode != "lexical" and len(self.rows) and self.dense.coverage:
             vector = self.embed_query(query) if vector is None else vector
             if mode == "hybrid":  # the dense scan is single-threaded: the other core is free
                 lexical_leg = self._lexical_worker.submit(self._lexical, query, depth, allowed)
             dense = self.dense.nearest(vector, depth, allowed)
         if lexical_leg is not None:
             lexical = lexical_leg.result()
-        elif mode == "lexical":
+        elif mode != "semantic":  # lexical, or hybrid over an index with no vector yet
             lexical = self._lexical(query, depth, allowed)
         # a filter that lets nothing through has an empty answer, not an abstention
         abstained = abstain and (allowed is None or bool(allowed.any())) and \
@@ -217,7 +243,8 @@ class Searcher:
         if mode != "hybrid":
             ranking = legs.lexical if mode == "lexical" else legs.dense
             return Ranked(Ranking(ranking.rows[:k], ranking.scores[:k]))
-        fused = fuse(legs.dense, legs.lexical, lexical_weight(query))
+        fused = fuse(legs.dense, legs.lexical, lexical_weight(query),
+                     unembedded=self.unembedded)
         started = time.perf_counter()
         ranking, why = self.ranker.rank(query, fused, k, legs.allowed, filters.asked())
         return Ranked(ranking, why, (time.perf_counter() - started) * 1000)
@@ -239,9 +266,16 @@ class Searcher:
         """The query backend chosen, once the query encoder has loaded."""
         return self._selection.as_json() if self._selection is not None else None
 
+    @cached_property
+    def unembedded(self) -> np.ndarray | None:
+        """Which rows have no vector yet (``None`` when every row has one)."""
+        return None if self.dense.embedded is None else ~self.dense.embedded
+
     def _abstains(self, query: str, dense: Ranking, allowed: np.ndarray | None) -> bool:
         thresholds = self._thresholds
-        if thresholds is None:
+        # rows still to embed could answer semantically: the finished index might not
+        # abstain, so a partial one never does
+        if thresholds is None or self.dense.coverage < 1.0:
             return False
         if self.term_stats.grounding(query) >= thresholds.lexical:
             return False

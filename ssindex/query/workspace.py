@@ -79,7 +79,7 @@ class Workspace:
         filters = filters or Filters()
         first = self.searchers[0]
         vector = first.embed_query(query) if mode != "lexical" and any(
-            len(s.rows) for s in self.searchers) else None
+            len(s.rows) and s.dense.coverage for s in self.searchers) else None
         legs = [s.legs(query, k, mode, filters, abstain, vector) for s in self.searchers]
         answering = [leg for leg in legs if not leg.abstained]
         bounds = Bounds.over([leg.dense for leg in answering],
@@ -94,10 +94,13 @@ class Workspace:
         merged.sort(key=lambda item: (-item[0], item[1]))
         chosen = {**filters.as_json(), "rows": sum(int(leg.allowed.sum()) for leg in legs
                                                    if leg.allowed is not None)}
+        rows = sum(len(s.rows) for s in self.searchers)
         return SearchResponse(
             query, mode, [hit for _, _, hit in merged[:k]], first.backend,
             {"total": round((time.perf_counter() - started) * 1000, 2)},
-            abstained=not answering, filters=chosen if filters.active else {})
+            abstained=not answering, filters=chosen if filters.active else {},
+            dense_coverage=sum(s.dense.coverage * len(s.rows) for s in self.searchers)
+            / rows if rows else 1.0)
 
     def _ranked(self, query: str, k: int, mode: str, legs: list[Legs], filters: Filters,
                 bounds: Bounds) -> list[Ranked]:
@@ -108,7 +111,8 @@ class Workspace:
             return [searcher.ranked(query, k, mode, leg, filters)
                     for searcher, leg in zip(self.searchers, legs, strict=True)]
         rated = [searcher.ranker.rate(query, fuse(leg.dense, leg.lexical, lexical_weight(query),
-                                                  bounds), leg.allowed, filters.asked())
+                                                  bounds, searcher.unembedded),
+                                      leg.allowed, filters.asked())
                  if not leg.abstained else None
                  for searcher, leg in zip(self.searchers, legs, strict=True)]
         found = [searcher.ranker.evidence(one)

@@ -12,7 +12,9 @@ matched by the lexical leg instead.
 
 Vectors are reused, in this order, from: the exemplar of a duplicate
 (``dup_of``), then the previous index (``reuse``, keyed by ``embed_key``),
-and only then computed.
+and only then computed. A build without an encoder (``--no-embed``) only
+reuses: the chunks it finds no vector for stay without one (``vector`` is
+``None``), searchable by the lexical leg until a later build embeds them.
 """
 
 from __future__ import annotations
@@ -61,35 +63,39 @@ def embed_key(chunk: Chunk, model_key: str) -> str:
 
 def embed(
     batches: Iterable[list[IndexedChunk]],
-    encoder: TextEncoder,
+    encoder: TextEncoder | None,
     model_key: str,
     stats: EmbedStats,
     reuse: Reuse | None = None,
     checkpoint: Callable[[list[str], np.ndarray], None] | None = None,
 ) -> Iterator[list[IndexedChunk]]:
     """Give every chunk a vector; duplicates get their exemplar's. ``checkpoint``
-    receives each batch of freshly computed vectors (for resuming a killed build)."""
-    exemplar_vectors: dict[str, np.ndarray] = {}
+    receives each batch of freshly computed vectors (for resuming a killed build).
+    Without an ``encoder``, only reused vectors are given."""
+    exemplar_vectors: dict[str, np.ndarray | None] = {}
     for batch in batches:
         fresh = [row for row in batch if row.dup_of is None]
         keys = [row.stored["embed_key"] if row.stored is not None else
                 row.key or embed_key(row.chunk, model_key) for row in fresh]
         found = reuse(keys) if reuse is not None else {}
-        missing = [(row, key) for row, key in zip(fresh, keys, strict=True) if key not in found]
-        vectors = _vectors(encoder, [row for row, _ in missing])
-        if checkpoint is not None and missing:
-            checkpoint([key for _, key in missing], vectors)
-        computed = {key: vector for (_, key), vector in zip(missing, vectors, strict=True)}
+        missing = [(row, key) for row, key in zip(fresh, keys, strict=True)
+                   if key not in found] if encoder is not None else []
+        computed: dict[str, np.ndarray] = {}
+        if encoder is not None and missing:
+            vectors = _vectors(encoder, [row for row, _ in missing])
+            if checkpoint is not None:
+                checkpoint([key for _, key in missing], vectors)
+            computed = {key: vector for (_, key), vector in zip(missing, vectors, strict=True)}
         for row, key in zip(fresh, keys, strict=True):
-            row.vector = found[key] if key in found else computed[key]
+            row.vector = found[key] if key in found else computed.get(key)
             exemplar_vectors[row.chunk.id] = row.vector
         stats.embedded += len(missing)
-        stats.reused += len(fresh) - len(missing)
+        stats.reused += sum(key in found for key in keys)
         for row in batch:
             row.tokens = None
             if row.dup_of is not None:
                 row.vector = exemplar_vectors[row.dup_of]
-                stats.copied_from_exemplar += 1
+                stats.copied_from_exemplar += row.vector is not None
         yield batch
 
 

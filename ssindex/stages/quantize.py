@@ -22,12 +22,21 @@ from ssindex.records import IndexedChunk
 def quantize(
     batches: Iterable[list[IndexedChunk]], method: Quantization
 ) -> Iterator[tuple[list[IndexedChunk], np.ndarray, np.ndarray]]:
-    """Attach codes and scales to each batch of embedded chunks."""
+    """Attach codes and scales to each batch of chunks; a chunk without a vector
+    (``--no-embed``) gets a row of zero codes that ``stages.write`` stores as none."""
     for batch in batches:
         if not batch:
             continue
-        vectors = np.stack([row.vector for row in batch if row.vector is not None])
-        if len(vectors) != len(batch):
-            raise ValueError("quantize needs every chunk embedded")
-        codes, scales = quantize_matrix(vectors, method)
-        yield batch, codes, scales
+        present = [row.vector for row in batch if row.vector is not None]
+        if len(present) == len(batch):
+            yield batch, *quantize_matrix(np.stack(present), method)
+            continue
+        dims = {len(row.vector) for row in batch if row.vector is not None}
+        vectors = np.zeros((len(batch), dims.pop() if dims else 0), np.float32)
+        for position, row in enumerate(batch):
+            if row.vector is not None:
+                vectors[position] = row.vector
+        if not vectors.shape[1]:
+            yield batch, np.zeros((len(batch), 0), np.uint8), np.ones(len(batch), np.float32)
+            continue
+        yield batch, *quantize_matrix(vectors, method)

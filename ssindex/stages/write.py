@@ -25,7 +25,8 @@ def lexical_terms(chunk: Chunk) -> tuple[str, str]:
     return analyze(chunk.text), name_terms(chunk.path, chunk.symbol)
 
 
-def _record(row: IndexedChunk, code: bytes, scale: float, model_key: str) -> dict[str, Any]:
+def _record(row: IndexedChunk, code: bytes | None, scale: float | None, model_key: str,
+            ) -> dict[str, Any]:
     chunk = row.chunk
     if row.stored is not None:
         record = dict(row.stored)
@@ -44,7 +45,7 @@ def _record(row: IndexedChunk, code: bytes, scale: float, model_key: str) -> dic
     return record
 
 
-def _unchanged(row: IndexedChunk, code: bytes, scale: float) -> bool:
+def _unchanged(row: IndexedChunk, code: bytes | None, scale: float | None) -> bool:
     stored = row.stored
     return stored is not None and stored["dup_of"] == row.dup_of and (
         stored["vec_codes"] == code and stored["vec_scale"] == scale)
@@ -52,10 +53,11 @@ def _unchanged(row: IndexedChunk, code: bytes, scale: float) -> bool:
 
 def to_record_batch(batch: list[IndexedChunk], codes: np.ndarray, scales: np.ndarray,
                     model_key: str) -> pa.RecordBatch | None:
-    """The rows of ``batch`` that differ from the previous index (``None`` if none do)."""
+    """The rows of ``batch`` that differ from the previous index (``None`` if none do).
+    A row without a vector stores none: null codes and scale."""
     records = []
     for row, code_row, scale in zip(batch, codes, scales, strict=True):
-        code, value = code_row.tobytes(), float(scale)
+        code, value = (None, None) if row.vector is None else (code_row.tobytes(), float(scale))
         if not _unchanged(row, code, value):
             records.append(_record(row, code, value, model_key))
     return pa.RecordBatch.from_pylist(records, schema=CHUNK_SCHEMA) if records else None

@@ -88,6 +88,18 @@ def print_text(data: dict[str, Any], out: Console) -> None:
         out.print()
 
 
+def coverage_note(data: dict[str, Any], index: Path) -> str | None:
+    """The line that says a search ran on an index with chunks still to embed."""
+    from ssindex.index.activity import running_build
+
+    coverage = data.get("dense_coverage", 1.0)
+    if coverage >= 1.0:
+        return None
+    state = ("build still running" if running_build(index) is not None
+             else "`ssindex build` embeds the rest")
+    return f"dense leg {coverage:.0%} embedded, {state}"
+
+
 def explanation(data: dict[str, Any]) -> str:
     """``--explain``'s line: the legs' scores, the fused score, then each factor and
     added term in the order applied (the same-file decay last)."""

@@ -66,6 +66,13 @@ class RichProgress:
     def message(self, text: str) -> None:
         self.console.print(f"[yellow]warning:[/] {escape(text)}")
 
+    def restart(self, text: str) -> None:
+        self.console.print(f"[green]{escape(text)}[/]")
+        for stage, task in self._tasks.items():
+            self._progress.reset(task, total=None)
+            self._counts[stage] = 0
+        self._started = time.perf_counter()
+
 
 class PlainProgress:
     """Periodic one-line progress for logs (no TTY)."""
@@ -91,6 +98,12 @@ class PlainProgress:
 
     def message(self, text: str) -> None:
         print(f"warning: {text}", file=sys.stderr, flush=True)
+
+    def restart(self, text: str) -> None:
+        self._line()
+        print(text, file=sys.stderr, flush=True)
+        self._counts = dict.fromkeys(_UNITS, 0)
+        self._started = self._last = time.perf_counter()
 
     def _line(self) -> None:
         self._last = time.perf_counter()

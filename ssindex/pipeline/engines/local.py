@@ -77,7 +77,8 @@ def run_local(plan: BuildPlan, stats: RunStats, progress: Progress) -> Iterator[
     """Yield record batches of the new or changed rows of the index, in path order."""
     clock = stats.clock
     handed = clock.timed("wait", _prefetch(_produce(plan, stats, progress), depth=8), None)
-    embedded = clock.timed("embed", embed(handed, plan.encoder, plan.model_key, stats.embed,
+    encoder = plan.encoder if plan.embeds else None
+    embedded = clock.timed("embed", embed(handed, encoder, plan.model_key, stats.embed,
                                           plan.reuse, plan.checkpoint), "wait")
     for batch, codes, scales in clock.timed("quantize", quantize(embedded,
                                                                  plan.config.quantization),
@@ -133,7 +134,7 @@ def _produce(plan: BuildPlan, stats: RunStats, progress: Progress,
 def _chunked(plan: BuildPlan, candidates: Iterable[Candidate], stats: RunStats,
              progress: Progress) -> Iterator[tuple[SourceFile, list[IndexedChunk]]]:
     """A clean build's files read, chunked and prepared (``engines.pool``)."""
-    preparation = Preparation(plan.config, plan.model, plan.model_key)
+    preparation = Preparation(plan.config, plan.model, plan.model_key, tokenize=plan.embeds)
     for source, chunker, rows in prepared(candidates, preparation, plan.workers, stats.walk):
         progress.advance("walk")
         if source is None:

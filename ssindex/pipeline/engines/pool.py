@@ -64,6 +64,8 @@ class Preparation:
     config: BuildConfig
     model: ModelSpec
     model_key: str
+    tokenize: bool = True
+    """Whether workers tokenize: not for a build that embeds nothing (``--no-embed``)."""
 
 
 class Preparer:
@@ -95,11 +97,15 @@ class Preparer:
         return Prepared(replace(source, text=""), chunker, rows)
 
 
-def default_workers(gpu: bool) -> int:
+def default_workers(gpu: bool, embeds: bool = True) -> int:
     """Nearly every core when a GPU embeds; one (the producer thread) when the model
-    needs the cores itself: there the CPU side is under 1% of a build."""
+    needs the cores itself: there the CPU side is under 1% of a build. Every core when
+    nothing is embedded (``--no-embed``, a progressive build's lexical pass): the CPU
+    side is then the whole build."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
         os.cpu_count() or 1)
+    if not embeds:
+        return cores
     return max(1, cores - 1) if gpu else 1
 
 
@@ -160,7 +166,7 @@ def _start(preparation: Preparation, driver: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading.Thread(target=_outlive, args=(driver,), daemon=True,
                      name="ssindex-driver-watch").start()
-    _preparer = Preparer(preparation, tokenize=True)
+    _preparer = Preparer(preparation, tokenize=preparation.tokenize)
 
 
 def _outlive(driver: int) -> None:

@@ -204,7 +204,7 @@ class EmbedActor:
         table, method = self.previous
         quoted = ", ".join(f"'{key}'" for key in keys)
         found = scan(table, ["embed_key", "vec_codes", "vec_scale"],
-                     where=f"dup_of IS NULL AND embed_key IN ({quoted})")
+                     where=f"dup_of IS NULL AND vec_codes IS NOT NULL AND embed_key IN ({quoted})")
         return dict(zip(found["embed_key"].to_pylist(), stored_vectors(found, method, self.dim),
                         strict=True))
 

@@ -1,0 +1,119 @@
+"""Partial versions of a progressive build: more rows dense-searchable every few seconds.
+
+A progressive build first commits a lexical version (every row, BM25 postings,
+no vector: ``build --no-embed``), then embeds. While it embeds, the ``Publisher``
+receives each checkpointed batch of vectors and, every ``commit.every_seconds``
+or ``commit.every_chunks``, publishes a new version: the lexical version's rows
+and postings with a new snapshot whose ``vec_codes`` hold every vector made so
+far (duplicates take their exemplar's), named ``search-vN-pK.arrow``, and a new
+``HEAD.json`` naming it with its ``dense_coverage``. Only a snapshot is written:
+the Lance table, the postings and the build manifest stay the lexical version's,
+so a partial version costs one file write, and the build's last commit
+(an ordinary one) equals a build that never published any.
+
+A reader of a version with rows still to embed memory-maps all its files as it
+opens (``Searcher``), so removing them cannot take them from a reader that
+holds them, and one that read ``HEAD.json`` just before it moved opens the new
+head instead. So partial snapshots before the last two are removed as the build
+goes, and the finished build removes the rest with the lexical version's files
+and table version: many versions do not grow the index.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from ssindex.codec import quantize_matrix
+from ssindex.index.integrity import checksums
+from ssindex.index.layout import TABLE, IndexDir
+from ssindex.index.table import scan
+from ssindex.pipeline.staging import Staging
+
+
+class Publisher:
+    """Publishes partial versions of the committed lexical version ``head``."""
+
+    def __init__(self, index: IndexDir, head: dict[str, Any], every_seconds: float,
+                 every_chunks: int) -> None:
+        self.index, self.head = index, dict(head)
+        self.every_seconds, self.every_chunks = every_seconds, every_chunks
+        self.rows = index.read_manifest(head["snapshot"], mmap=True)
+        table = scan(index.open_table(head["table_version"]), ["id", "embed_key", "dup_of"])
+        key_of = dict(zip(table.column("id").to_pylist(), table.column("embed_key").to_pylist(),
+                          strict=True))
+        exemplar = dict(zip(table.column("id").to_pylist(), table.column("dup_of").to_pylist(),
+                            strict=True))
+        # the key whose vector each snapshot row shows: its own, or its exemplar's
+        self.keys = [key_of[exemplar[row_id] or row_id]
+                     for row_id in self.rows.column("id").to_pylist()]
+        self.codes: dict[str, tuple[bytes, float]] = {
+            key: (code, scale) for key, code, scale in zip(
+                self.keys, self.rows.column("vec_codes").to_pylist(),
+                self.rows.column("vec_scale").to_pylist(), strict=True) if code is not None}
+        """Codes by embed key: those the lexical version holds, then each one embedded."""
+        self.published: list[str] = [head["snapshot"]]
+        self._pending = 0
+        self._last = time.monotonic()
+        earlier = index.path.glob(f"manifests/search-v{head['table_version']}-p*.arrow")
+        self._number = max((int(path.stem.rsplit("-p", 1)[1]) for path in earlier), default=0)
+        """The last partial version's number on this lexical version (a killed build's, too)."""
+        self.commits = 0
+        """Partial versions this build published."""
+
+    def seed(self, staging: Staging) -> None:
+        """Vectors a killed build checkpointed: the first partial version shows them."""
+        keys = [key for key in dict.fromkeys(self.keys) if staging.lookup([key])]
+        if keys:
+            found = staging.lookup(keys)
+            self.add(list(found), np.stack(list(found.values())), publish=False)
+
+    def add(self, keys: list[str], vectors: np.ndarray, publish: bool = True) -> None:
+        """Freshly embedded vectors; publishes a version when one is due."""
+        codes, scales = quantize_matrix(vectors, self.head["quantization"])
+        for key, code, scale in zip(keys, codes, scales, strict=True):
+            self.codes[key] = (code.tobytes(), float(scale))
+        self._pending += len(keys)
+        due = (time.monotonic() - self._last >= self.every_seconds
+               or self._pending >= self.every_chunks)
+        if publish and due:
+            self.publish()
+
+    def publish(self) -> None:
+        """Commit a partial version with every vector received so far."""
+        stored = [self.codes.get(key) for key in self.keys]
+        codes = pa.array([s[0] if s else None for s in stored], pa.binary())
+        scales = pa.array([s[1] if s else None for s in stored], pa.float32())
+        rows = self.rows.set_column(self.rows.schema.get_field_index("vec_codes"),
+                                    "vec_codes", codes)
+        rows = rows.set_column(rows.schema.get_field_index("vec_scale"), "vec_scale", scales)
+        self.commits += 1
+        self._number += 1
+        name = f"search-v{self.head['table_version']}-p{self._number:04d}.arrow"
+        self.index.write_manifest(name, rows)
+        coverage = 1.0 - codes.null_count / len(codes) if len(codes) else 1.0
+        recorded = {path: digest for path, digest in self.head["checksums"].items()
+                    if path != f"manifests/{self.head['snapshot']}"}
+        self.head.update(snapshot=name, dense_coverage=coverage,
+                         checksums=recorded | checksums(self.index, [f"manifests/{name}"], {}))
+        self.index.write_head(self.head)
+        self.published.append(name)
+        for old in self.published[:-2]:  # the one before stays for readers that hold it
+            (self.index.path / "manifests" / old).unlink(missing_ok=True)
+        self.published = self.published[-2:]
+        self._pending, self._last = 0, time.monotonic()
+
+    def finish(self) -> None:
+        """After the finished version's commit: remove the lexical and partial versions."""
+        lexical = self.head["table_version"]
+        for name in (*self.published, f"v{lexical}.arrow", f"postings-v{lexical}.arrow",
+                     f"search-v{lexical}.arrow"):
+            (self.index.path / "manifests" / name).unlink(missing_ok=True)
+        # readers never open the table (their search files are beside it), and this build
+        # holds the lock: no other writer's files are in flight
+        self.index.connect().open_table(TABLE).cleanup_old_versions(
+            older_than=timedelta(0), delete_unverified=True)

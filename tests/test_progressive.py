@@ -1,0 +1,184 @@
+"""Progressive builds and ``--no-embed``: real builds of standard-library copies, the real
+model, real processes killed mid-build, and readers running while a build commits."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ssindex.index.layout import IndexDir
+from ssindex.index.table import scan
+from ssindex.query.searcher import Searcher
+
+from .conftest import CLI, cli_json, copy_stdlib, run_cli
+
+COLUMNS = ["id", "path", "start_line", "end_line", "symbol", "kind", "text", "dup_of",
+           "embed_key", "vec_codes", "vec_scale", "lex_body", "lex_name", "row_digest"]
+PARTIAL = "[commit]\nevery_chunks = 200\nevery_seconds = 1000\nmin_files = 0\n"
+ONCE = "[commit]\nprogressive = false\n"
+
+
+def _config(tmp: Path, text: str) -> str:
+    path = tmp / f"config-{abs(hash(text))}.toml"
+    path.write_text(text)
+    return str(path)
+
+
+def _size(index: Path) -> int:
+    return sum(f.stat().st_size for f in index.rglob("*") if f.is_file())
+
+
+def assert_same_index(built: Path, reference: Path) -> None:
+    """Rows, vectors, search files and thresholds of two indexes are identical."""
+    a, b = IndexDir(built), IndexDir(reference)
+    rows = [scan(index.open_table(), COLUMNS).sort_by("id") for index in (a, b)]
+    assert rows[0].equals(rows[1])
+    heads = [index.read_head().data for index in (a, b)]
+    assert heads[0]["abstention"] == heads[1]["abstention"]
+    assert heads[0]["dense_coverage"] == heads[1]["dense_coverage"] == 1.0
+    for key in ("snapshot", "postings"):
+        assert a.read_manifest(heads[0][key]).equals(b.read_manifest(heads[1][key]))
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A build of json and email that commits once, at the end: what the others must equal."""
+    root = copy_stdlib(tmp_path_factory.mktemp("reference"), "json", "email")
+    config = _config(root.parent, ONCE)
+    assert cli_json("build", str(root), "--no-progress", "--config", config)["partial_commits"] == 0
+    return root
+
+
+def _tree(tmp: Path) -> Path:
+    return copy_stdlib(tmp / "tree", "json", "email")
+
+
+def test_no_embed_builds_a_lexical_index_that_a_plain_build_completes(
+        tmp_path: Path, reference: Path) -> None:
+    root = _tree(tmp_path)
+    stats = cli_json("build", str(root), "--no-progress", "--no-embed")
+    assert stats["chunks_embedded"] == 0 and stats["dense_coverage"] == 0.0
+    assert stats["backends"]["embed_bulk"]["reason"] == "not loaded: --no-embed"
+    index = root / ".ssindex"
+    codes = scan(IndexDir(index).open_table(), ["vec_codes"]).column("vec_codes")
+    assert codes.null_count == stats["chunks_total"] > 0
+
+    hybrid = run_cli("search", "parse an email address header", "--index", str(index),
+                     "--json")
+    found = json.loads(hybrid.stdout)
+    assert found["dense_coverage"] == 0.0 and found["results"] and not found["abstained"]
+    assert "dense leg 0% embedded, `ssindex build` embeds the rest" in hybrid.stderr
+    lexical = cli_json("search", "parse an email address header", "--index", str(index),
+                       "--mode", "lexical")
+    assert lexical["results"][0]["path"] in {hit["path"] for hit in found["results"]}
+    semantic = run_cli("search", "parse an email address header", "--index", str(index),
+                       "--mode", "semantic", check=False)
+    assert semantic.returncode == 2 and "no vectors yet" in semantic.stderr
+    status = cli_json("status", "--index", str(index))
+    assert status["dense_coverage"] == 0.0 and status["build"] is None
+    stale = run_cli("build", str(root), "--check", check=False)
+    assert stale.returncode == 1 and "100% of chunks not embedded yet" in stale.stdout
+
+    again = cli_json("build", str(root), "--no-progress", "--no-embed")  # nothing to do
+    assert again["rows_written"] == 0 and again["dense_coverage"] == 0.0
+    done = cli_json("build", str(root), "--no-progress", "--config",
+                    _config(tmp_path, PARTIAL))
+    assert done["dense_coverage"] == 1.0 and done["chunks_embedded"] > 0
+    assert done["partial_commits"] >= 1  # the plain build completed it progressively
+    assert_same_index(index, reference / ".ssindex")
+    assert _size(index) <= 1.1 * _size(reference / ".ssindex")
+
+
+def _reader(index: Path, build: subprocess.Popen[str]) -> tuple[list[float], list[str]]:
+    """Open and search the index until ``build`` exits: each version's coverage seen,
+    and every error met."""
+    coverages: list[float] = []
+    errors: list[str] = []
+    while build.poll() is None or not coverages:
+        if not (index / "HEAD.json").is_file():
+            if build.poll() is not None:
+                break
+            time.sleep(0.05)
+            continue
+        try:
+            searcher = Searcher(index)
+            response = searcher.search("parse an email address header", k=5)
+            head = searcher.head.data
+            embedded = len(searcher.rows) - searcher.rows.column("vec_codes").null_count
+            if len(searcher.rows) != head["chunks"] or \
+                    embedded / len(searcher.rows) != head["dense_coverage"]:
+                errors.append(f"mixed version: {head['snapshot']}")
+            if not response.results:
+                errors.append(f"no results at coverage {response.dense_coverage}")
+            coverages.append(response.dense_coverage)
+        except Exception as exc:  # every failure is the finding
+            errors.append(repr(exc))
+    return coverages, errors
+
+
+def test_a_progressive_build_is_searchable_before_it_embeds_and_readers_see_whole_versions(
+        tmp_path: Path, reference: Path) -> None:
+    root = _tree(tmp_path)
+    index = root / ".ssindex"
+    build = subprocess.Popen([CLI, "build", str(root), "--no-progress", "--json", "--config",
+                              _config(tmp_path, PARTIAL)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    coverages, errors = _reader(index, build)
+    out, err = build.communicate(timeout=600)
+    assert build.returncode == 0, err
+    assert errors == []
+    assert coverages[0] == 0.0 and coverages[-1] == 1.0
+    assert coverages == sorted(coverages)
+    assert any(0.0 < c < 1.0 for c in coverages)  # a partial version was searched
+    stats = json.loads(out)
+    assert stats["first_commit_seconds"] < stats["wall_seconds"]
+    assert stats["partial_commits"] >= 2
+    assert "searchable now: lexical version of" in err
+    assert_same_index(index, reference / ".ssindex")
+    assert _size(index) <= 1.1 * _size(reference / ".ssindex")
+
+
+def _wait_for(predicate: Any, build: subprocess.Popen[str], what: str) -> None:
+    while not predicate():
+        assert build.poll() is None, f"the build ended before {what}"
+        time.sleep(0.05)
+
+
+def test_a_build_killed_after_its_first_commit_stays_searchable_and_resumes(
+        tmp_path: Path, reference: Path) -> None:
+    root = _tree(tmp_path)
+    index = root / ".ssindex"
+    config = _config(tmp_path, PARTIAL)
+    build = subprocess.Popen([CLI, "build", str(root), "--no-progress", "--config", config],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             start_new_session=True)
+
+    def partial() -> bool:
+        try:
+            return 0.0 < IndexDir(index).read_head().data.get("dense_coverage", 0.0) < 1.0
+        except Exception:  # no head yet
+            return False
+
+    _wait_for(partial, build, "a partial version")
+    status = cli_json("status", "--index", str(index))
+    assert status["build"]["pid"] == build.pid and status["build"]["chunks_left"] > 0
+    os.killpg(build.pid, signal.SIGKILL)
+    build.wait()
+    searched = cli_json("search", "parse an email address header", "--index", str(index))
+    assert 0.0 < searched["dense_coverage"] < 1.0 and searched["results"]
+    assert cli_json("status", "--index", str(index))["build"] is None
+
+    resumed = cli_json("build", str(root), "--no-progress", "--config", config)
+    exemplars = resumed["chunks_total"] - resumed["chunks_deduplicated"]
+    assert resumed["chunks_reused"] >= 200  # the checkpointed vectors were not embedded again
+    assert resumed["chunks_embedded"] + resumed["chunks_reused"] == exemplars
+    assert_same_index(index, reference / ".ssindex")
+    shutil.rmtree(root)
