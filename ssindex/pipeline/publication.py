@@ -67,9 +67,8 @@ class Publisher:
 
     def seed(self, staging: Staging) -> None:
         """Vectors a killed build checkpointed: the first partial version shows them."""
-        keys = [key for key in dict.fromkeys(self.keys) if staging.lookup([key])]
-        if keys:
-            found = staging.lookup(keys)
+        found = staging.lookup(list(dict.fromkeys(self.keys)))
+        if found:
             self.add(list(found), np.stack(list(found.values())), publish=False)
 
     def add(self, keys: list[str], vectors: np.ndarray, publish: bool = True) -> None:

@@ -22,8 +22,9 @@ from ssindex.records import IndexedChunk
 def quantize(
     batches: Iterable[list[IndexedChunk]], method: Quantization
 ) -> Iterator[tuple[list[IndexedChunk], np.ndarray, np.ndarray]]:
-    """Attach codes and scales to each batch of chunks; a chunk without a vector
-    (``--no-embed``) gets a row of zero codes that ``stages.write`` stores as none."""
+    """Attach codes and scales to each batch of chunks. A chunk without a vector
+    (``--no-embed``) gets zero codes and a NaN scale, which ``stages.write`` stores as
+    no vector."""
     for batch in batches:
         if not batch:
             continue
@@ -31,12 +32,13 @@ def quantize(
         if len(present) == len(batch):
             yield batch, *quantize_matrix(np.stack(present), method)
             continue
-        dims = {len(row.vector) for row in batch if row.vector is not None}
-        vectors = np.zeros((len(batch), dims.pop() if dims else 0), np.float32)
-        for position, row in enumerate(batch):
-            if row.vector is not None:
-                vectors[position] = row.vector
-        if not vectors.shape[1]:
-            yield batch, np.zeros((len(batch), 0), np.uint8), np.ones(len(batch), np.float32)
+        missing = np.array([row.vector is None for row in batch])
+        if not present:
+            yield batch, np.zeros((len(batch), 0), np.uint8), np.full(len(batch), np.nan,
+                                                                      np.float32)
             continue
-        yield batch, *quantize_matrix(vectors, method)
+        vectors = np.zeros((len(batch), len(present[0])), np.float32)
+        vectors[~missing] = np.stack(present)
+        codes, scales = quantize_matrix(vectors, method)
+        scales[missing] = np.nan
+        yield batch, codes, scales

@@ -54,10 +54,11 @@ def _unchanged(row: IndexedChunk, code: bytes | None, scale: float | None) -> bo
 def to_record_batch(batch: list[IndexedChunk], codes: np.ndarray, scales: np.ndarray,
                     model_key: str) -> pa.RecordBatch | None:
     """The rows of ``batch`` that differ from the previous index (``None`` if none do).
-    A row without a vector stores none: null codes and scale."""
+    A NaN scale marks a row without a vector (``stages.quantize``): it stores null codes
+    and scale."""
     records = []
     for row, code_row, scale in zip(batch, codes, scales, strict=True):
-        code, value = (None, None) if row.vector is None else (code_row.tobytes(), float(scale))
+        code, value = (None, None) if np.isnan(scale) else (code_row.tobytes(), float(scale))
         if not _unchanged(row, code, value):
             records.append(_record(row, code, value, model_key))
     return pa.RecordBatch.from_pylist(records, schema=CHUNK_SCHEMA) if records else None
