@@ -117,6 +117,11 @@ def stored_codes(rows: pa.Table, method: str, dim: int) -> tuple[np.ndarray, np.
     return binary_matrix(codes.combine_chunks()), numeric_view(scales, np.float32)
 
 
+def dense_coverage(codes: pa.Array | pa.ChunkedArray) -> float:
+    """Share of the rows whose ``vec_codes`` hold a vector (1.0 for no rows)."""
+    return 1.0 - codes.null_count / len(codes) if len(codes) else 1.0
+
+
 def embedded_mask(rows: pa.Table) -> np.ndarray | None:
     """Which rows have a vector; ``None`` when all do."""
     codes = rows.column("vec_codes")

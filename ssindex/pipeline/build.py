@@ -139,7 +139,7 @@ def _progressive(job: _Job, no_embed: bool, activity: Activity, started: Started
     publisher = None
     if progressive and previous is not None and previous.dense_coverage < 1.0 and \
             previous.chunks_reusable:
-        publisher = Publisher(job.index, previous.head.data, job.cfg.commit.every_seconds,
+        publisher = Publisher(job.index, previous, job.cfg.commit.every_seconds,
                               job.cfg.commit.every_chunks)
     result = _commit_once(job, previous, no_embed, Started(), publisher)
     if publisher is not None:
@@ -161,10 +161,10 @@ def _many_files(job: _Job) -> bool:
 def _commit_once(job: _Job, previous: PreviousIndex | None, no_embed: bool, started: Started,
                  publisher: Publisher | None) -> dict[str, Any]:
     """Run the stages once and commit what they made."""
-    plan, encoder, staging = _plan(job, previous, no_embed, publisher)
     # rows left without a vector make this build a rebuild (vectors reused by key),
     # written anew: it then equals a build that never left any
     diffed = previous is not None and (no_embed or previous.dense_coverage == 1.0)
+    plan, encoder, staging = _plan(job, previous, diffed, no_embed, publisher)
     writer = TableWriter(job.index, previous.head if previous and diffed else None,
                          purge=previous is not None and _secrets_tightened(previous, job.cfg))
     outcome = _execute(plan, encoder, writer, previous, job.explicit, job.model, job.progress,
@@ -174,12 +174,13 @@ def _commit_once(job: _Job, previous: PreviousIndex | None, no_embed: bool, star
     return result | {"index": str(job.index.path), "table_version": outcome.version}
 
 
-def _plan(job: _Job, previous: PreviousIndex | None, no_embed: bool,
+def _plan(job: _Job, previous: PreviousIndex | None, diffed: bool, no_embed: bool,
           publisher: Publisher | None) -> tuple[BuildPlan, LazyEncoder, Staging]:
-    """The build's plan, its encoder, and the staging area its checkpoints go to."""
+    """The build's plan, its encoder, and the staging area its checkpoints go to;
+    ``diffed``: the build carries the previous index's chunks where it can."""
     cfg, model, explicit, ray = job.cfg, job.model, job.explicit, job.ray
-    reusable = previous if previous is not None and previous.chunks_reusable and (
-        no_embed or previous.dense_coverage == 1.0) else None
+    reusable = previous if previous is not None and diffed and previous.chunks_reusable \
+        else None
     # under Ray the actors embed; this process only embeds abstention probes, on the
     # query backend, and the actors' hardware may not be this machine's
     encoder = LazyEncoder(model, cfg, None if ray else explicit, job.progress,

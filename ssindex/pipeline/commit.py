@@ -14,7 +14,7 @@ import xxhash
 from ssindex.backends.base import EncodeStats
 from ssindex.backends.model import ModelSpec
 from ssindex.backends.selector import BackendReport
-from ssindex.codec import bytes_per_vector, stored_vectors
+from ssindex.codec import bytes_per_vector, dense_coverage, stored_vectors
 from ssindex.config import BuildConfig
 from ssindex.index.abstention import Thresholds, calibrate, recalibrate
 from ssindex.index.integrity import checksums, table_files
@@ -120,7 +120,7 @@ def search_files_of(index: IndexDir, version: int, encoder: LazyEncoder, model_k
         files, data, stats = update_search_files(index, version, previous, *changes)
     else:
         files, data, stats = write_search_files(index, version)
-    coverage = 1.0 - data.column("vec_codes").null_count / len(data) if len(data) else 1.0
+    coverage = dense_coverage(data.column("vec_codes"))
     if coverage < 1.0:
         return files, calibrate(stats, np.zeros((0, encoder.model.dim), np.float32), [],
                                 None), coverage

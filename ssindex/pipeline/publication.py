@@ -23,31 +23,29 @@ from __future__ import annotations
 
 import time
 from datetime import timedelta
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from ssindex.codec import quantize_matrix
+from ssindex.codec import dense_coverage, quantize_matrix
 from ssindex.index.integrity import checksums
 from ssindex.index.layout import TABLE, IndexDir
-from ssindex.index.table import scan
+from ssindex.pipeline.previous import PreviousIndex
 from ssindex.pipeline.staging import Staging
 
 
 class Publisher:
-    """Publishes partial versions of the committed lexical version ``head``."""
+    """Publishes partial versions of the committed lexical version ``previous``."""
 
-    def __init__(self, index: IndexDir, head: dict[str, Any], every_seconds: float,
+    def __init__(self, index: IndexDir, previous: PreviousIndex, every_seconds: float,
                  every_chunks: int) -> None:
+        head = previous.head.data
         self.index, self.head = index, dict(head)
         self.every_seconds, self.every_chunks = every_seconds, every_chunks
         self.rows = index.read_manifest(head["snapshot"], mmap=True)
-        table = scan(index.open_table(head["table_version"]), ["id", "embed_key", "dup_of"])
-        key_of = dict(zip(table.column("id").to_pylist(), table.column("embed_key").to_pylist(),
-                          strict=True))
-        exemplar = dict(zip(table.column("id").to_pylist(), table.column("dup_of").to_pylist(),
-                            strict=True))
+        ids = previous.chunks.column("id").to_pylist()
+        key_of = dict(zip(ids, previous.chunks.column("embed_key").to_pylist(), strict=True))
+        exemplar = dict(zip(ids, previous.chunks.column("dup_of").to_pylist(), strict=True))
         # the key whose vector each snapshot row shows: its own, or its exemplar's
         self.keys = [key_of[exemplar[row_id] or row_id]
                      for row_id in self.rows.column("id").to_pylist()]
@@ -94,7 +92,7 @@ class Publisher:
         self._number += 1
         name = f"search-v{self.head['table_version']}-p{self._number:04d}.arrow"
         self.index.write_manifest(name, rows)
-        coverage = 1.0 - codes.null_count / len(codes) if len(codes) else 1.0
+        coverage = dense_coverage(codes)
         recorded = {path: digest for path, digest in self.head["checksums"].items()
                     if path != f"manifests/{self.head['snapshot']}"}
         self.head.update(snapshot=name, dense_coverage=coverage,
