@@ -72,7 +72,7 @@ from ssindex.backends import registry
 
 class NoForward:
     """A backend without a model: one unit vector per batch row, picked by its ids."""
-    name, device, dtype = "no-forward", "cpu", "fp32"
+    name, device, dtype, batch_tokens = "no-forward", "cpu", "fp32", 16384
 
     def __init__(self, dim):
         self._dim = dim

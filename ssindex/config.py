@@ -16,6 +16,7 @@ from ssindex.errors import ConfigError
 
 Quantization = Literal["int8", "int4", "none"]
 QUANTIZATIONS: tuple[str, ...] = ("int8", "int4", "none")
+COMPILE_CHOICES: tuple[str, ...] = ("auto", "always", "never")
 SearchMode = Literal["hybrid", "lexical", "semantic"]
 SEARCH_MODES: tuple[str, ...] = ("hybrid", "lexical", "semantic")
 
@@ -56,8 +57,12 @@ class EmbedConfig:
     model: str = ""
     """A local Hugging Face model directory; empty means the bundled all-MiniLM-L6-v2."""
     max_tokens: int = 256
-    batch_tokens: int = 16384
-    """Token budget of one forward pass (length-sorted batches, little padding)."""
+    batch_tokens: int = 0
+    """Token budget of one forward pass (length-sorted batches, little padding); 0: the
+    backend's own (4,096 in bf16 on a CPU, 16,384 in fp32, sized from a GPU's memory)."""
+    compile: str = "auto"
+    """``torch.compile`` the bulk model: ``auto`` when a CPU build has at least
+    ``pipeline.encoder.COMPILE_MIN_CHUNKS`` chunks to embed in bf16, ``always``, ``never``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +115,7 @@ _BOUNDS: dict[tuple[str, str], tuple[float, float]] = {
     ("dedupe", "shingle_size"): (1, math.inf),
     ("dedupe", "min_tokens"): (0, math.inf),
     ("embed", "max_tokens"): (3, math.inf),  # the model's two special tokens and one more
-    ("embed", "batch_tokens"): (1, math.inf),
+    ("embed", "batch_tokens"): (0, math.inf),
     ("commit", "every_seconds"): (0.1, math.inf),
     ("commit", "every_chunks"): (1, math.inf),
     ("commit", "min_files"): (0, math.inf),
@@ -149,6 +154,9 @@ def config_from_mapping(data: dict[str, Any]) -> BuildConfig:
     if unknown:
         raise ConfigError(f"unknown config section(s): {', '.join(unknown)}")
     parts = {name: _section(cls, data.get(name, {}), name) for name, cls in _SECTIONS.items()}
+    if parts["embed"].compile not in COMPILE_CHOICES:
+        raise ConfigError(f"[embed] compile must be one of {', '.join(COMPILE_CHOICES)}, "
+                          f"got {parts['embed'].compile!r}")
     quantization = data.get("quantization", "int8")
     if quantization not in QUANTIZATIONS:
         raise ConfigError(f"quantization must be one of {', '.join(QUANTIZATIONS)}")

@@ -15,8 +15,11 @@ from ssindex.backends.model import ModelSpec
 from ssindex.backends.names import BACKENDS, PHASES, parse_overrides
 from ssindex.backends.registry import FACTORIES, create
 from ssindex.backends.selector import candidates, select
-from ssindex.config import ChunkConfig
+from ssindex.backends.torch_backend import TorchBackend
+from ssindex.config import BuildConfig, ChunkConfig, EmbedConfig
 from ssindex.errors import BackendUnavailable, ConfigError
+from ssindex.pipeline.encoder import LazyEncoder
+from ssindex.pipeline.progress import SilentProgress
 from ssindex.records import SourceFile
 from ssindex.stages.chunk import chunk_file
 from ssindex.stages.embed import embedding_text
@@ -52,6 +55,50 @@ def test_backend_parity_with_fp32(name: str, model: ModelSpec, texts: list[str],
     cosines = (vectors * reference).sum(axis=1)
     assert cosines.min() >= 0.999, cosines.min()
     assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+
+
+def test_compiled_model_matches_fp32_and_caches_no_pickle(
+        model: ModelSpec, texts: list[str], reference: np.ndarray) -> None:
+    """``torch.compile``: the same vectors, in batches of any shape (a one-row batch runs
+    the eager graph), and on disk only generated sources and shared objects."""
+    backend = TorchBackend(model, "cpu", "bf16")
+    backend.compile()
+    assert backend.compiled
+    vectors = Encoder(backend, model, 256, batch_tokens=700).encode(texts)
+    assert (vectors * reference).sum(axis=1).min() >= 0.999
+    single = Encoder(backend, model, 256).encode(texts[-1:])
+    assert float(single[0] @ reference[-1]) >= 0.999
+    from torch._inductor.runtime.cache_dir_utils import cache_dir as kernel_dir
+
+    cached = [path for path in Path(kernel_dir()).rglob("*") if path.is_file()]
+    assert any(path.suffix == ".so" for path in cached)
+    pickles = [path for path in cached if path.suffix in {".pkl", ".pickle"}
+               or path.read_bytes()[:2] in {b"\x80\x04", b"\x80\x05"}]
+    assert not pickles
+
+
+def test_failed_compile_keeps_the_eager_model_visibly(
+        model: ModelSpec, texts: list[str], reference: np.ndarray,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A machine without a working C++ compiler: the build warns, reports why, and
+    embeds on the eager model."""
+    import torch._inductor.config as inductor_config
+
+    monkeypatch.setattr(inductor_config.cpp, "cxx", (None, "/nonexistent/c++"))
+    warnings: list[str] = []
+
+    class Warned(SilentProgress):
+        def message(self, text: str) -> None:
+            warnings.append(text)
+
+    cfg = BuildConfig(embed=EmbedConfig(compile="always"))
+    encoder = LazyEncoder(model, cfg, "torch-cpu-fp32", Warned())
+    vectors = encoder.encode(texts)
+    assert (vectors * reference).sum(axis=1).min() >= 0.9999
+    report = encoder.report()
+    assert report.fallback_reason and "torch.compile failed" in report.fallback_reason
+    assert "torch.compile" not in report.reason
+    assert any("torch.compile failed" in warning for warning in warnings)
 
 
 def test_reference_matches_sentence_transformers(model: ModelSpec, texts: list[str],

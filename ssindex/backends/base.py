@@ -19,6 +19,8 @@ from ssindex.errors import BackendExecutionError, map_exceptions
 from ssindex.records import Tokens
 from ssindex.util import heap
 
+DEFAULT_BATCH_TOKENS = 16384
+"""Token budget of one forward pass for a backend that names none."""
 BULK_TEXTS = 32
 """An ``encode`` call of at least this many texts is bulk work (a build's batch, not a
 query): its freed tensors go back to the OS (``util.heap``)."""
@@ -45,6 +47,8 @@ class EmbeddingBackend(Protocol):
     name: str
     device: str
     dtype: str
+    batch_tokens: int
+    """The token budget of one forward pass this backend runs best at."""
 
     def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
         """Pooled (not yet normalized) float32 vectors, shape (batch, dim)."""
@@ -63,10 +67,11 @@ class Encoder:
     """Texts → float32 unit vectors through one backend."""
 
     def __init__(self, backend: EmbeddingBackend, model: ModelSpec, max_tokens: int,
-                 batch_tokens: int = 16384) -> None:
+                 batch_tokens: int = 0) -> None:
         self.backend = backend
         self.model = model
-        self.batch_tokens = batch_tokens
+        self.batch_tokens = batch_tokens or backend.batch_tokens
+        """The configured budget, or (0) the backend's own."""
         self.tokenizer = model.tokenizer(max_tokens)
         self.stats = EncodeStats()
         self._trimmer = heap.Trimmer()

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from ssindex.backends.base import DEFAULT_BATCH_TOKENS
 from ssindex.backends.model import ModelSpec
 from ssindex.errors import BackendUnavailable
 from ssindex.util.dirs import cache_dir
@@ -76,6 +77,7 @@ class CoreMLBackend:
     name = "coreml"
     device = "ane"
     dtype = "fp16"
+    batch_tokens = DEFAULT_BATCH_TOKENS
 
     def __init__(self, model: ModelSpec) -> None:
         if platform.system() != "Darwin":

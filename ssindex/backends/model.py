@@ -25,6 +25,9 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+# torch.compile's kernels, kept across runs; torch fixes the directory on first use
+# (loading a model is one), so it is named before anything imports torch
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir() / "inductor"))
 
 BUNDLED_MODEL_NAME = "all-MiniLM-L6-v2"
 

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from ssindex.backends.base import DEFAULT_BATCH_TOKENS
 from ssindex.backends.model import ModelSpec
 from ssindex.errors import BackendUnavailable
 from ssindex.util.dirs import cache_dir
@@ -260,6 +261,7 @@ class OnnxBackend:
         self.name = f"onnx-{provider}" + ("-int8" if int8_weights else "")
         self.device = provider
         self.dtype = "int8 weights" if int8_weights else "fp32"
+        self.batch_tokens = DEFAULT_BATCH_TOKENS
         graph = export_int8_weights(model) if int8_weights else export_onnx(model)
         self._session = _session(graph, provider)
 

@@ -105,7 +105,7 @@ def load_calibration(inventory: Inventory) -> dict[str, Any]:
 def candidates(phase: str, inventory: Inventory,
                calibrated: dict[str, Any] | None = None) -> list[tuple[str, str]]:
     """Ordered (backend, reason) choices for ``phase`` on ``inventory``; no probing."""
-    cpu = ("torch-cpu", "bf16 autocast: CPU has AMX/AVX512-BF16" if inventory.bf16_fast
+    cpu = ("torch-cpu", "bf16 weights: CPU has AMX/AVX512-BF16" if inventory.bf16_fast
            else "fp32: CPU lacks AMX/AVX512-BF16, where bf16 would be slower")
     if phase == "embed_bulk":
         order = []

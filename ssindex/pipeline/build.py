@@ -174,6 +174,13 @@ def _commit_once(job: _Job, previous: PreviousIndex | None, no_embed: bool, star
     return result | {"index": str(job.index.path), "table_version": outcome.version}
 
 
+def _unembedded(previous: PreviousIndex | None, no_embed: bool) -> int:
+    """Chunks of the previous index still to embed (a progressive build's second pass)."""
+    if previous is None or no_embed:
+        return 0
+    return round(int(previous.head.data["chunks"]) * (1.0 - previous.dense_coverage))
+
+
 def _plan(job: _Job, previous: PreviousIndex | None, diffed: bool, no_embed: bool,
           publisher: Publisher | None) -> tuple[BuildPlan, LazyEncoder, Staging]:
     """The build's plan, its encoder, and the staging area its checkpoints go to;
@@ -185,7 +192,7 @@ def _plan(job: _Job, previous: PreviousIndex | None, diffed: bool, no_embed: boo
     # query backend, and the actors' hardware may not be this machine's
     encoder = LazyEncoder(model, cfg, None if ray else explicit, job.progress,
                           incremental=ray is not None or reusable is not None,
-                          embeds=not no_embed)
+                          embeds=not no_embed, expected=_unembedded(previous, no_embed))
     if explicit and not ray and not no_embed:
         encoder.load()  # an explicit backend that cannot run fails before any work
     model_key = f"{model.fingerprint}:{cfg.embed.max_tokens}"
