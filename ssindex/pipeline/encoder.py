@@ -29,7 +29,7 @@ SMALL_EMBED_LIMIT = 256
 COMPILE_MIN_CHUNKS = 20_000
 """In auto mode, a build compiles its bf16 CPU model when it has at least this many
 chunks to embed. On an AMX Xeon, compiling took 13-20 s (cached kernels, or none) and
-then saved 1.3 ms a chunk (227 against 174 chunks/s), so it repays itself past ~15,000."""
+then saved 1.2 ms a chunk (220 against 174 chunks/s), so it repays itself past ~15,000."""
 
 
 class LazyEncoder:
