@@ -88,8 +88,7 @@ def main() -> None:
     encoders = [Encoder(backend, model, cfg.max_tokens, cfg.batch_tokens)]
     compile_s = 0.0
     compiles = isinstance(backend, TorchBackend) and (
-        args.compile == "always" or (args.compile == "auto" and
-        (backend.device, backend.dtype) == ("cpu", "bf16")))
+        args.compile == "always" or (args.compile == "auto" and backend.compile_repays))
     if compiles:  # a second copy, so that the eager and compiled passes can take turns
         compiled = TorchBackend(model, backend.device, backend.dtype)
         started = time.perf_counter()

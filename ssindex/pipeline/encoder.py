@@ -126,8 +126,7 @@ class LazyEncoder:
             return
         if choice == "always":
             why = "torch.compile: [embed] compile = always"
-        elif (backend.device, backend.dtype) == ("cpu", "bf16") and \
-                self.expected >= COMPILE_MIN_CHUNKS:
+        elif backend.compile_repays and self.expected >= COMPILE_MIN_CHUNKS:
             why = f"torch.compile: {self.expected} chunks to embed repay its compile"
         else:
             return
