@@ -77,7 +77,7 @@ def main() -> None:
     from sentence_transformers import SentenceTransformer
 
     st = SentenceTransformer(str(model.path), device="cpu")
-    st.max_seq_length = cfg.max_tokens
+    st.max_seq_length = model.window
     st.encode(texts[:32], batch_size=32)
     started = time.perf_counter()
     reference = st.encode(texts, batch_size=32, normalize_embeddings=True)
@@ -85,7 +85,7 @@ def main() -> None:
 
     selection = select("embed_bulk", model, args.backend)
     backend = selection.backend
-    encoders = [Encoder(backend, model, cfg.max_tokens, cfg.batch_tokens)]
+    encoders = [Encoder(backend, model, cfg.batch_tokens)]
     compile_s = 0.0
     compiles = isinstance(backend, TorchBackend) and (
         args.compile == "always" or (args.compile == "auto" and backend.compile_repays))
@@ -94,7 +94,7 @@ def main() -> None:
         started = time.perf_counter()
         compiled.compile()
         compile_s = time.perf_counter() - started
-        encoders.append(Encoder(compiled, model, cfg.max_tokens, cfg.batch_tokens))
+        encoders.append(Encoder(compiled, model, cfg.batch_tokens))
     measured = timed(encoders, texts)
     eager_s = measured[0][1]
     vectors, ssindex_s = measured[-1]

@@ -53,13 +53,13 @@ def main() -> None:
     inventory = detect()
     texts = stdlib_chunk_texts(args.chunks)
     sample = texts[:256]
-    reference = Encoder(create("torch-cpu-fp32", model, inventory), model, 256).encode(sample)
+    reference = Encoder(create("torch-cpu-fp32", model, inventory), model).encode(sample)
     peak = cuda_gemm_peak()
     report: dict[str, object] = {"gpu": inventory.cuda_devices[0]["name"],
                                  "bf16_gemm_peak_tflops": round(peak / 1e12, 1)}
     for name in ("torch-cuda", "onnx-cuda"):
         try:
-            encoder = Encoder(create(name, model, inventory), model, 256, batch_tokens=262_144)
+            encoder = Encoder(create(name, model, inventory), model, batch_tokens=262_144)
         except Exception as exc:  # report what could not run, then go on
             report[name] = {"error": str(exc)}
             continue

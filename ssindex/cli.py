@@ -8,19 +8,14 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
-from ssindex.config import QUANTIZATIONS, BuildConfig
 from ssindex.errors import ConfigError, SsindexError
-
-if TYPE_CHECKING:  # the build side loads only when a command needs it
-    from ssindex.pipeline.plan import RayOptions
 
 app = typer.Typer(
     name="ssindex", no_args_is_help=True, add_completion=False,
@@ -36,6 +31,9 @@ IndexOpt = Annotated[str | None, typer.Option(
 BackendOpt = Annotated[list[str] | None, typer.Option(
     "--backend", help="PHASE=NAME, repeatable (phases: embed_bulk, embed_query).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object to stdout.")]
+ModelOpt = Annotated[str | None, typer.Option("--model", help="Local HF model dir.")]
+TrustOpt = Annotated[bool, typer.Option(
+    "--trust-remote-code", help="Let a model that ships its own Python code run it.")]
 
 
 def _emit(data: dict[str, Any]) -> None:
@@ -73,7 +71,11 @@ def build(
     path: Annotated[Path, typer.Argument(help="Directory to index.")],
     index: IndexOpt = None,
     config: Annotated[Path | None, typer.Option("--config", help="TOML preset.")] = None,
-    model: Annotated[str | None, typer.Option("--model", help="Local HF model dir.")] = None,
+    model: ModelOpt = None,
+    dims: Annotated[int | None, typer.Option(
+        "--dims", min=1, help="Keep each vector's first N dimensions (Matryoshka models).",
+    )] = None,
+    trust_remote_code: TrustOpt = False,
     quantize: Annotated[str | None, typer.Option(
         "--quantize", help="int8 (default), int4 or none.")] = None,
     backend: BackendOpt = None,
@@ -102,15 +104,14 @@ def build(
 ) -> None:
     """Index PATH (default index dir: PATH/.ssindex)."""
     from ssindex.backends.names import parse_overrides
-    from ssindex.config import load_config
     from ssindex.pipeline.build import build as run_build
     from ssindex.pipeline.plan import RayOptions
+    from ssindex.tools.options import build_config, engine_options
     from ssindex.tools.report import PlainProgress, RichProgress, summary_table
 
-    cfg = _with_options(_quantized(load_config(config), quantize), model, allow_secrets,
-                        workers)
+    cfg = build_config(config, quantize, model, allow_secrets, workers, dims, trust_remote_code)
     overrides = parse_overrides(backend or [])
-    ray = _engine(engine, RayOptions(ray_address, embed_actors, gpus_per_actor), workers)
+    ray = engine_options(engine, RayOptions(ray_address, embed_actors, gpus_per_actor), workers)
     if check:
         from ssindex.pipeline.build import check as check_index
 
@@ -129,37 +130,6 @@ def build(
         _emit(stats)
     else:
         Console().print(summary_table(stats))
-
-
-def _engine(engine: str, ray: RayOptions, workers: int | None) -> RayOptions | None:
-    """The Ray options of a Ray build (``None`` for a local one), checked against the
-    engine's other options."""
-    if engine not in ("local", "ray"):
-        raise ConfigError("--engine must be local or ray")
-    if engine == "local" and (ray.address or ray.embed_actors or ray.gpus_per_actor is not None):
-        raise ConfigError("--ray-address, --embed-actors and --gpus-per-actor need --engine ray")
-    if engine == "ray" and workers is not None:
-        raise ConfigError("--workers is the local engine's; Ray schedules its own tasks")
-    return ray if engine == "ray" else None
-
-
-def _with_options(cfg: BuildConfig, model: str | None, allow_secrets: bool,
-                  workers: int | None) -> BuildConfig:
-    """``cfg`` with the build options that override its settings."""
-    if model is not None:
-        cfg = replace(cfg, embed=replace(cfg.embed, model=model))
-    if allow_secrets:
-        cfg = replace(cfg, walk=replace(cfg.walk, allow_secrets=True))
-    return cfg if workers is None else replace(cfg, workers=workers)
-
-
-def _quantized(cfg: BuildConfig, quantize: str | None) -> BuildConfig:
-    """``cfg`` with ``--quantize``, checked, when given."""
-    if quantize is None:
-        return cfg
-    if quantize not in QUANTIZATIONS:
-        raise ConfigError(f"--quantize must be one of {', '.join(QUANTIZATIONS)}")
-    return replace(cfg, quantization=quantize)  # type: ignore[arg-type]
 
 
 def _report_staleness(reasons: list[str], as_json: bool) -> None:
@@ -204,6 +174,7 @@ def search(
     context: Annotated[int, typer.Option(
         "--context", "-C", min=0, help="Lines around each result (text and JSON).")] = 0,
     backend: BackendOpt = None,
+    trust_remote_code: TrustOpt = False,
     no_abstain: Annotated[bool, typer.Option(
         "--no-abstain", help="Always answer, even when the index has nothing relevant.")] = False,
     explain: Annotated[bool, typer.Option(
@@ -222,7 +193,8 @@ def search(
     query_backend = parse_overrides(backend or []).get("embed_query")
     indexes: list[str | None] = [*(index or []),
                                  *(workspace_indexes(workspace) if workspace else [])]
-    searchers = [Searcher(_index_for(one), query_backend) for one in indexes or [None]]
+    searchers = [Searcher(_index_for(one), query_backend, trust_remote_code)
+                 for one in indexes or [None]]
     engine = searchers[0] if len(searchers) == 1 else Workspace(searchers)
     response = engine.search(query, k=k, mode=mode, abstain=not no_abstain, explain=explain,
                              filters=filters, context=context)
@@ -291,12 +263,14 @@ def repair(index: IndexOpt = None, as_json: JsonOpt = False) -> None:
 
 
 @app.command()
-def serve(index: IndexOpt = None, backend: BackendOpt = None) -> None:
+def serve(index: IndexOpt = None, backend: BackendOpt = None,
+          trust_remote_code: TrustOpt = False) -> None:
     """Serve an index to coding agents: an MCP server over stdio (needs ssindex[serve])."""
     from ssindex.backends.names import parse_overrides
     from ssindex.tools.serve import serve as run_server
 
-    run_server(_index_for(index), parse_overrides(backend or []).get("embed_query"))
+    run_server(_index_for(index), parse_overrides(backend or []).get("embed_query"),
+               trust_remote_code)
 
 
 @app.command(name="eval")
@@ -313,10 +287,11 @@ def evaluate(
 ) -> None:
     """Retrieval quality (MRR@10, nDCG@10, recall, latency) through the real pipeline."""
 
-    from ssindex.config import SEARCH_MODES, BuildConfig
+    from ssindex.config import SEARCH_MODES
     from ssindex.tools.evaluate import evaluate as run_eval
+    from ssindex.tools.options import build_config
 
-    cfg = _quantized(BuildConfig(), quantize)
+    cfg = build_config(None, quantize)
     modes = list(SEARCH_MODES) if mode == "all" else [mode]
     report = run_eval(directory, modes, cfg, workdir, suffix, abstain=not no_abstain)
     if as_json:
@@ -354,11 +329,13 @@ def calibrate(as_json: JsonOpt = False) -> None:
 
 
 @app.command()
-def doctor(as_json: JsonOpt = False) -> None:
-    """Hardware, runtimes, and the backend chosen for each phase (probed)."""
+def doctor(model: ModelOpt = None, trust_remote_code: TrustOpt = False,
+           as_json: JsonOpt = False) -> None:
+    """Hardware, runtimes, the backend chosen for each phase (probed), and what ssindex
+    understood of the model (architecture, pooling, prompts, window, dimensions)."""
     from ssindex.tools.doctor import diagnose
 
-    report = diagnose()
+    report = diagnose(model, trust_remote_code)
     if as_json:
         _emit(report)
         return

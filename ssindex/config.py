@@ -10,9 +10,12 @@ import math
 import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from ssindex.errors import ConfigError
+
+if TYPE_CHECKING:
+    from ssindex.backends.model import ModelSpec
 
 Quantization = Literal["int8", "int4", "none"]
 QUANTIZATIONS: tuple[str, ...] = ("int8", "int4", "none")
@@ -56,13 +59,25 @@ class DedupeConfig:
 class EmbedConfig:
     model: str = ""
     """A local Hugging Face model directory; empty means the bundled all-MiniLM-L6-v2."""
-    max_tokens: int = 256
+    max_tokens: int = 0
+    """Cap on a text's tokens; 0: the model's window (``max_seq_length``)."""
+    dims: int = 0
+    """Keep the first ``dims`` dimensions of each vector (Matryoshka models); 0: all."""
+    trust_remote_code: bool = False
+    """Let a model that ships its own Python code (``auto_map``) run it."""
     batch_tokens: int = 0
     """Token budget of one forward pass (length-sorted batches, little padding); 0: the
     backend's own (4,096 in bf16 on a CPU, 16,384 in fp32, sized from a GPU's memory)."""
     compile: str = "auto"
     """``torch.compile`` the bulk model: ``auto`` when a CPU build has at least
     ``pipeline.encoder.COMPILE_MIN_CHUNKS`` chunks to embed in bf16, ``always``, ``never``."""
+
+    def model_spec(self) -> ModelSpec:
+        """The model, checked against these settings (``ModelSpec.check``)."""
+        from ssindex.backends.model import ModelSpec
+
+        return ModelSpec.resolve(self.model, self.max_tokens, self.dims,
+                                 self.trust_remote_code)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +129,8 @@ _BOUNDS: dict[tuple[str, str], tuple[float, float]] = {
     ("dedupe", "num_perm"): (16, math.inf),  # LSH bands of up to 16 rows need as many
     ("dedupe", "shingle_size"): (1, math.inf),
     ("dedupe", "min_tokens"): (0, math.inf),
-    ("embed", "max_tokens"): (3, math.inf),  # the model's two special tokens and one more
+    ("embed", "max_tokens"): (0, math.inf),
+    ("embed", "dims"): (0, math.inf),
     ("embed", "batch_tokens"): (0, math.inf),
     ("commit", "every_seconds"): (0.1, math.inf),
     ("commit", "every_chunks"): (1, math.inf),

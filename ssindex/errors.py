@@ -125,3 +125,9 @@ def map_exceptions(mapping: dict[type[BaseException] | tuple[type[BaseException]
             if isinstance(exc, kinds):
                 raise make(exc) from exc
         raise
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception's message cut to its first line (or its class's name, when empty)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -45,13 +45,13 @@ def texts() -> list[str]:
 
 @pytest.fixture(scope="module")
 def reference(model: ModelSpec, texts: list[str]) -> np.ndarray:
-    return Encoder(create("torch-cpu-fp32", model, detect()), model, 256).encode(texts)
+    return Encoder(create("torch-cpu-fp32", model, detect()), model).encode(texts)
 
 
 @pytest.mark.parametrize("name", ["torch-cpu-bf16", "onnx-cpu", "onnx-cpu-int8"])
 def test_backend_parity_with_fp32(name: str, model: ModelSpec, texts: list[str],
                                   reference: np.ndarray) -> None:
-    vectors = Encoder(create(name, model, detect()), model, 256).encode(texts)
+    vectors = Encoder(create(name, model, detect()), model).encode(texts)
     cosines = (vectors * reference).sum(axis=1)
     assert cosines.min() >= 0.999, cosines.min()
     assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
@@ -64,9 +64,9 @@ def test_compiled_model_matches_fp32_and_caches_no_pickle(
     backend = TorchBackend(model, "cpu", "bf16")
     backend.compile()
     assert backend.compiled
-    vectors = Encoder(backend, model, 256, batch_tokens=700).encode(texts)
+    vectors = Encoder(backend, model, batch_tokens=700).encode(texts)
     assert (vectors * reference).sum(axis=1).min() >= 0.999
-    single = Encoder(backend, model, 256).encode(texts[-1:])
+    single = Encoder(backend, model).encode(texts[-1:])
     assert float(single[0] @ reference[-1]) >= 0.999
     from torch._inductor.runtime.cache_dir_utils import cache_dir as kernel_dir
 

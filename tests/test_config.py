@@ -33,7 +33,8 @@ def test_bad_configs_are_rejected(tmp_path: Path, text: str) -> None:
 
 
 @pytest.mark.parametrize(("text", "message"), [
-    ("[embed]\nmax_tokens = -5\n", "max_tokens must be at least 3, got -5"),
+    ("[embed]\nmax_tokens = -5\n", "max_tokens must be at least 0, got -5"),
+    ("[embed]\ndims = -1\n", "dims must be at least 0, got -1"),
     ("[embed]\nbatch_tokens = -1\n", "batch_tokens must be at least 0"),
     ("[embed]\ncompile = \"sometimes\"\n", "compile must be one of auto, always, never"),
     ("[dedupe]\nnum_perm = 8\n", "num_perm must be at least 16"),

@@ -64,15 +64,18 @@ class EncodeStats:
 
 
 class Encoder:
-    """Texts → float32 unit vectors through one backend."""
+    """Texts → float32 unit vectors through one backend.
 
-    def __init__(self, backend: EmbeddingBackend, model: ModelSpec, max_tokens: int,
-                 batch_tokens: int = 0) -> None:
+    ``role`` is ``document`` (chunks) or ``query``: it picks the model's prompt."""
+
+    def __init__(self, backend: EmbeddingBackend, model: ModelSpec, batch_tokens: int = 0,
+                 role: str = "document") -> None:
         self.backend = backend
         self.model = model
         self.batch_tokens = batch_tokens or backend.batch_tokens
         """The configured budget, or (0) the backend's own."""
-        self.tokenizer = model.tokenizer(max_tokens)
+        self.tokenizer = model.tokenizer()
+        self.prompt = model.prompt(role)
         self.stats = EncodeStats()
         self._trimmer = heap.Trimmer()
 
@@ -80,7 +83,7 @@ class Encoder:
         return self.encode_tokens(self.tokenize(texts))
 
     def tokenize(self, texts: list[str]) -> list[Tokens]:
-        return tokenized(self.tokenizer, texts)
+        return tokenized(self.tokenizer, texts, self.prompt)
 
     def encode_tokens(self, tokens: list[Tokens]) -> np.ndarray:
         """Unit vectors of texts tokenized by ``tokenize`` (here or in a worker process)."""
@@ -101,7 +104,7 @@ class Encoder:
 
     def _forward(self, seqs: list[np.ndarray]) -> np.ndarray:
         width = max(len(s) for s in seqs)
-        input_ids = np.zeros((len(seqs), width), dtype=np.int64)
+        input_ids = np.full((len(seqs), width), self.model.pad_id, dtype=np.int64)
         mask = np.zeros((len(seqs), width), dtype=np.int64)
         for row, seq in enumerate(seqs):
             input_ids[row, : len(seq)] = seq
@@ -113,11 +116,14 @@ class Encoder:
             vectors = self.backend.forward(input_ids, mask)
         if not np.all(np.isfinite(vectors)):
             raise BackendExecutionError(f"{self.backend.name} produced non-finite vectors")
-        return vectors
+        return vectors[:, : self.model.dim]  # Matryoshka dims; renormalized by the caller
 
 
-def tokenized(tokenizer: Any, texts: list[str]) -> list[Tokens]:
-    """``texts`` through a ``tokenizers.Tokenizer`` (``ModelSpec.tokenizer``)."""
+def tokenized(tokenizer: Any, texts: list[str], prompt: str = "") -> list[Tokens]:
+    """``texts`` through a ``tokenizers.Tokenizer`` (``ModelSpec.tokenizer``), each after
+    ``prompt`` (``ModelSpec.prompt``), as sentence-transformers joins them."""
+    if prompt:
+        texts = [prompt + text for text in texts]
     # a lone query skips the batch path's thread-pool hand-off (~0.1 ms of a search)
     encodings = [tokenizer.encode(texts[0])] if len(texts) == 1 else tokenizer.encode_batch(texts)
     return [Tokens(np.asarray(e.ids, dtype=np.int32), bool(e.overflowing)) for e in encodings]

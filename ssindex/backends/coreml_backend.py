@@ -14,11 +14,17 @@ import numpy as np
 
 from ssindex.backends.base import DEFAULT_BATCH_TOKENS
 from ssindex.backends.model import ModelSpec
-from ssindex.errors import BackendUnavailable
+from ssindex.errors import BackendUnavailable, first_line
 from ssindex.util.dirs import cache_dir
 
 SEQ_BUCKETS = (32, 64, 128, 256)
-"""Enumerated input lengths: Core ML compiles one specialization per bucket."""
+"""Enumerated input lengths: Core ML compiles one specialization per bucket (and one
+for the model's window, when it is longer or between two)."""
+
+
+def seq_buckets(model: ModelSpec) -> tuple[int, ...]:
+    """The input lengths ``model`` is converted for: every text fits the last one."""
+    return (*(n for n in SEQ_BUCKETS if n < model.window), model.window)
 
 
 def convert_coreml(model: ModelSpec, target: Path | None = None) -> Path:
@@ -31,9 +37,10 @@ def convert_coreml(model: ModelSpec, target: Path | None = None) -> Path:
         ) from exc
     import torch
 
-    from ssindex.backends.torch_backend import MPS_MASK_FILL, load_torch_model, pool
+    from ssindex.backends.head import build_head
+    from ssindex.backends.torch_backend import MPS_MASK_FILL, load_torch_model
 
-    target = target or cache_dir() / "coreml" / f"{model.fingerprint[:16]}-fp16.mlpackage"
+    target = target or cache_dir() / "coreml" / f"{model.key[:16]}-fp16.mlpackage"
     if target.exists():
         return target
     inner = load_torch_model(model, "cpu")
@@ -45,25 +52,31 @@ def convert_coreml(model: ModelSpec, target: Path | None = None) -> Path:
         def __init__(self) -> None:
             super().__init__()
             self.inner = inner
+            self.head = build_head(model.card)
 
         def forward(self, input_ids: Any, attention_mask: Any) -> Any:
             additive = (1.0 - attention_mask[:, None, None, :].float()) * MPS_MASK_FILL
             hidden = self.inner(input_ids=input_ids, attention_mask=additive).last_hidden_state
-            return pool(hidden, attention_mask, model.pooling)
+            return self.head(hidden, attention_mask)
 
     wrapper = AdditiveMask().eval()
-    example = torch.ones((1, SEQ_BUCKETS[0]), dtype=torch.int64)
-    traced = torch.jit.trace(wrapper, (example, example), strict=False)
-    shapes = [(1, n) for n in SEQ_BUCKETS]
+    buckets = seq_buckets(model)
+    example = torch.ones((1, buckets[0]), dtype=torch.int64)
+    shapes = [(1, n) for n in buckets]
     inputs = [
         ct.TensorType(name=name, shape=ct.EnumeratedShapes(shapes=shapes), dtype=np.int32)
         for name in ("input_ids", "attention_mask")
     ]
-    converted = ct.convert(
-        traced, inputs=inputs, outputs=[ct.TensorType(name="pooled")],
-        convert_to="mlprogram", compute_precision=ct.precision.FLOAT16,
-        minimum_deployment_target=ct.target.macOS15,
-    )
+    try:  # coremltools raises many kinds for ops it cannot convert
+        traced = torch.jit.trace(wrapper, (example, example), strict=False)
+        converted = ct.convert(
+            traced, inputs=inputs, outputs=[ct.TensorType(name="pooled")],
+            convert_to="mlprogram", compute_precision=ct.precision.FLOAT16,
+            minimum_deployment_target=ct.target.macOS15,
+        )
+    except Exception as exc:
+        raise BackendUnavailable(f"coreml cannot convert {model.name} "
+                                 f"({model.card.architecture}): {first_line(exc)}") from exc
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".tmp-{target.name}")
     converted.save(str(tmp))
@@ -85,12 +98,13 @@ class CoreMLBackend:
         import coremltools as ct
 
         self._model: Any = ct.models.MLModel(str(convert_coreml(model)))
+        self._buckets = seq_buckets(model)
 
     def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
         out = []
         for ids, mask in zip(input_ids, attention_mask, strict=True):
             length = int(mask.sum())
-            bucket = next((b for b in SEQ_BUCKETS if b >= length), SEQ_BUCKETS[-1])
+            bucket = next((b for b in self._buckets if b >= length), self._buckets[-1])
             feed = {
                 "input_ids": np.zeros((1, bucket), np.int32),
                 "attention_mask": np.zeros((1, bucket), np.int32),

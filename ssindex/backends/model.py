@@ -17,6 +17,7 @@ from typing import Any
 
 import xxhash
 
+from ssindex.backends.card import ModelCard, read_card
 from ssindex.errors import ConfigError
 from ssindex.util.dirs import cache_dir
 
@@ -40,20 +41,53 @@ def bundled_model_path() -> Path:
 
 @dataclass(frozen=True)
 class ModelSpec:
+    """A model directory, and how an index uses it: ``max_tokens`` caps the model's window
+    (0: the whole window), ``dims`` keeps the first dimensions of each vector, renormalized
+    (Matryoshka; 0: all), ``trust_remote_code`` lets a model that ships code run it."""
+
     path: Path
     name: str
+    max_tokens: int = 0
+    dims: int = 0
+    trust_remote_code: bool = False
 
     @classmethod
-    def resolve(cls, model: str | os.PathLike[str] | None) -> ModelSpec:
-        """The bundled model for ``None``/empty, else a local model directory."""
+    def resolve(cls, model: str | os.PathLike[str] | None, max_tokens: int = 0, dims: int = 0,
+                trust_remote_code: bool = False) -> ModelSpec:
+        """The bundled model for ``None``/empty, else a local model directory, checked."""
         if not model:
-            return cls(bundled_model_path(), BUNDLED_MODEL_NAME)
-        path = Path(model).expanduser()
-        if not (path / "config.json").is_file():
-            raise ConfigError(f"--model must be a local Hugging Face model directory: {path}")
-        if not any(path.glob("*.safetensors")):
-            raise ConfigError(f"model directory has no .safetensors weights: {path}")
-        return cls(path.resolve(), path.name)
+            path, name = bundled_model_path(), BUNDLED_MODEL_NAME
+        else:
+            path = Path(model).expanduser()
+            if not (path / "config.json").is_file():
+                raise ConfigError(f"--model must be a local Hugging Face model directory: {path}")
+            if not any(path.glob("*.safetensors")):
+                raise ConfigError(f"model directory has no .safetensors weights: {path}")
+            path, name = path.resolve(), path.name
+        spec = cls(path, name, max_tokens, dims, trust_remote_code)
+        spec.check()
+        return spec
+
+    @property
+    def arguments(self) -> dict[str, Any]:
+        """``resolve``'s arguments for this spec (for another process to resolve it)."""
+        return {"model": str(self.path), "max_tokens": self.max_tokens, "dims": self.dims,
+                "trust_remote_code": self.trust_remote_code}
+
+    def check(self) -> None:
+        """Raise ``ConfigError`` for a model or usage this spec cannot embed with."""
+        card = self.card
+        if card.remote_code and not self.trust_remote_code:
+            raise ConfigError(f"{self.name} runs its own code ({card.remote_code}); pass "
+                              "--trust-remote-code to allow it")
+        if not 0 <= self.dims <= card.dim:
+            raise ConfigError(f"--dims {self.dims}: {self.name} has {card.dim} dimensions")
+        if 0 < self.max_tokens < 3:
+            raise ConfigError(f"max_tokens {self.max_tokens}: a text needs at least 3 tokens")
+
+    @cached_property
+    def card(self) -> ModelCard:
+        return read_card(self.path, self.config)
 
     @cached_property
     def fingerprint(self) -> str:
@@ -85,6 +119,22 @@ class ModelSpec:
             atomic_write_bytes(remembered, digest.hexdigest().encode("ascii"))
         return digest.hexdigest()
 
+    @cached_property
+    def card_key(self) -> str:
+        """The identity of the network the card describes: the model's files and its
+        card (pooling, prompts, window, Dense weights); what an export is cached under."""
+        digest = xxhash.xxh3_128()
+        digest.update(repr((self.fingerprint, self.card.as_json())).encode())
+        for module in self.card.modules:
+            if not isinstance(module, str):
+                digest.update(module.path.read_bytes())
+        return digest.hexdigest()
+
+    @property
+    def key(self) -> str:
+        """The identity of the vectors this spec makes: the card, the window and dims."""
+        return f"{self.card_key}:{self.window}:{self.dims}"
+
     @property
     def model_id(self) -> str:
         return f"{self.name}@{self.fingerprint[:12]}"
@@ -95,24 +145,24 @@ class ModelSpec:
 
     @property
     def dim(self) -> int:
-        return int(self.config["hidden_size"])
+        """The width of the stored vectors."""
+        return self.dims or self.card.dim
 
     @property
-    def max_positions(self) -> int:
-        return int(self.config.get("max_position_embeddings", 512))
+    def window(self) -> int:
+        """The most tokens of one text, prompt and special tokens included."""
+        return min(self.max_tokens, self.card.window) if self.max_tokens else self.card.window
 
-    @cached_property
-    def pooling(self) -> str:
-        """``mean`` or ``cls``, from a sentence-transformers pooling config when present."""
-        pooling = self.path / "1_Pooling" / "config.json"
-        if pooling.is_file():
-            cfg = json.loads(pooling.read_text(encoding="utf-8"))
-            if cfg.get("pooling_mode_cls_token"):
-                return "cls"
-        return "mean"
+    @property
+    def pad_id(self) -> int:
+        return int(self.config.get("pad_token_id") or 0)
 
-    def tokenizer(self, max_tokens: int) -> Any:
-        """A fast ``tokenizers.Tokenizer`` truncating at ``max_tokens``, no padding."""
+    def prompt(self, role: str) -> str:
+        """The text put before a ``query`` or a ``document`` (chunk) before tokenizing."""
+        return self.card.query_prompt if role == "query" else self.card.document_prompt
+
+    def tokenizer(self) -> Any:
+        """A fast ``tokenizers.Tokenizer`` truncating at the window, no padding."""
         from tokenizers import Tokenizer
 
         file = self.path / "tokenizer.json"
@@ -125,5 +175,5 @@ class ModelSpec:
             slow_or_fast: Any = AutoTokenizer.from_pretrained(self.path, local_files_only=True)
             tokenizer = slow_or_fast.backend_tokenizer
         tokenizer.no_padding()
-        tokenizer.enable_truncation(max_length=min(max_tokens, self.max_positions))
+        tokenizer.enable_truncation(max_length=self.window)
         return tokenizer

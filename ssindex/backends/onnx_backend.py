@@ -34,7 +34,7 @@ import numpy as np
 
 from ssindex.backends.base import DEFAULT_BATCH_TOKENS
 from ssindex.backends.model import ModelSpec
-from ssindex.errors import BackendUnavailable
+from ssindex.errors import BackendUnavailable, first_line
 from ssindex.util.dirs import cache_dir
 
 OPSET = 17
@@ -54,36 +54,37 @@ _SAMPLES = [
 
 
 def exported_model_path(model: ModelSpec, weights: str = "fp32") -> Path:
-    key = f"{model.fingerprint[:16]}-opset{OPSET}-v{EXPORT_VERSION}-{model.pooling}"
+    key = f"{model.card_key[:16]}-opset{OPSET}-v{EXPORT_VERSION}"
     suffix = "" if weights == "fp32" else f"-{weights}"
     return cache_dir() / "onnx" / f"{key}{suffix}.onnx"
 
 
 class _Pooled:
-    """Wraps a HF model so the exported graph ends in pooled float32 vectors."""
+    """Wraps a HF model so the exported graph ends in the head's float32 vectors."""
 
-    def __new__(cls, module: Any, pooling: str) -> Any:
+    def __new__(cls, module: Any, model: ModelSpec) -> Any:
         import torch
 
-        from ssindex.backends.torch_backend import pool
+        from ssindex.backends.head import build_head
 
         class Pooled(torch.nn.Module):
             def __init__(self) -> None:
                 super().__init__()
                 self.inner = module
+                self.head = build_head(model.card)
 
             def forward(self, input_ids: Any, attention_mask: Any) -> Any:
                 hidden = self.inner(input_ids=input_ids, attention_mask=attention_mask)
-                return pool(hidden.last_hidden_state, attention_mask, pooling)
+                return self.head(hidden.last_hidden_state, attention_mask)
 
         return Pooled()
 
 
 def _sample_batch(model: ModelSpec) -> tuple[np.ndarray, np.ndarray]:
-    tokenizer = model.tokenizer(64)
+    tokenizer = model.tokenizer()
     encodings = tokenizer.encode_batch(_SAMPLES)
     width = max(len(e.ids) for e in encodings)
-    ids = np.zeros((len(encodings), width), np.int64)
+    ids = np.full((len(encodings), width), model.pad_id, np.int64)
     mask = np.zeros_like(ids)
     for row, enc in enumerate(encodings):
         ids[row, : len(enc.ids)] = enc.ids
@@ -107,24 +108,28 @@ def export_onnx(model: ModelSpec) -> Path:
     from ssindex.backends.torch_backend import load_torch_model
 
     target.parent.mkdir(parents=True, exist_ok=True)
-    wrapper = _Pooled(load_torch_model(model, "cpu", attention="eager"), model.pooling).eval()
+    wrapper = _Pooled(load_torch_model(model, "cpu", attention="eager"), model).eval()
     ids, mask = _sample_batch(model)
     with _scratch(target) as plain, _scratch(target) as fused:
         with torch.inference_mode(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            torch.onnx.export(
-                wrapper, (torch.from_numpy(ids), torch.from_numpy(mask)), str(plain),
-                input_names=["input_ids", "attention_mask"], output_names=["pooled"],
-                dynamic_axes={"input_ids": {0: "batch", 1: "seq"},
-                              "attention_mask": {0: "batch", 1: "seq"}, "pooled": {0: "batch"}},
-                opset_version=OPSET, dynamo=False,
-            )
+            try:
+                torch.onnx.export(
+                    wrapper, (torch.from_numpy(ids), torch.from_numpy(mask)), str(plain),
+                    input_names=["input_ids", "attention_mask"], output_names=["pooled"],
+                    dynamic_axes={"input_ids": {0: "batch", 1: "seq"}, "pooled": {0: "batch"},
+                                  "attention_mask": {0: "batch", 1: "seq"}},
+                    opset_version=OPSET, dynamo=False,
+                )
+            except Exception as exc:  # the exporter raises many kinds for graphs it cannot trace
+                raise BackendUnavailable(
+                    f"onnx cannot export {model.name} ({model.card.architecture}): "
+                    f"{first_line(exc)}") from exc
             reference = wrapper(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
         worst = _agreement(plain, ids, mask, reference)
         if worst < MIN_EXPORT_COSINE:
-            raise BackendUnavailable(
-                f"ONNX export of {model.name} disagrees with torch (cosine {worst:.4f})"
-            )
+            raise BackendUnavailable(f"ONNX export of {model.name} ({model.card.architecture}) "
+                                     f"disagrees with torch (cosine {worst:.4f})")
         verified = plain
         if _fuse(plain, fused, model) and (
                 _agreement(fused, ids, mask, reference) >= MIN_EXPORT_COSINE):

@@ -12,7 +12,9 @@ from typing import Any
 
 import numpy as np
 
+from ssindex.backends.head import build_head
 from ssindex.backends.model import ModelSpec
+from ssindex.errors import BackendUnavailable, first_line
 
 MPS_MASK_FILL = -1e4
 """Additive mask value on MPS: fp16 turns ``finfo.min`` sums into -inf, then NaN."""
@@ -31,28 +33,23 @@ GPU_BYTES_PER_TOKEN = 64 << 10
 def load_torch_model(model: ModelSpec, device: str, dtype: Any | None = None,
                      attention: str | None = None) -> Any:
     """The transformer weights from safetensors only (never a pickle); ``attention``
-    picks the attention implementation (transformers' default when ``None``)."""
+    picks the attention implementation (transformers' default when ``None``). A model
+    transformers cannot build is one ``BackendUnavailable`` line naming its architecture."""
     from transformers import AutoModel
     from transformers.utils import logging
 
     logging.disable_progress_bar()
-    module = AutoModel.from_pretrained(model.path, local_files_only=True, use_safetensors=True,
-                                       attn_implementation=attention)
+    try:
+        module = AutoModel.from_pretrained(
+            model.path, local_files_only=True, use_safetensors=True,
+            attn_implementation=attention, trust_remote_code=model.trust_remote_code)
+    except (ValueError, KeyError, ImportError, OSError) as exc:
+        raise BackendUnavailable(f"torch cannot load {model.name} ({model.card.architecture}):"
+                                 f" {first_line(exc)}") from exc
     module.eval()
     if dtype is not None:
         module = module.to(dtype)
     return module.to(device)
-
-
-def pool(hidden: Any, mask: Any, mode: str) -> Any:
-    """Mean (or CLS) pooling in float32."""
-    import torch
-
-    hidden = hidden.float()
-    if mode == "cls":
-        return hidden[:, 0]
-    weights = mask.unsqueeze(-1).to(hidden.dtype)
-    return (hidden * weights).sum(1) / torch.clamp(weights.sum(1), min=1e-9)
 
 
 class TorchBackend:
@@ -70,7 +67,7 @@ class TorchBackend:
         self.dtype = precision
         suffix = "" if precision == "fp32" else f"-{precision}"
         self.name = f"torch-{device.split(':')[0]}{suffix}"
-        self._pooling = model.pooling
+        self._head = build_head(model.card).to(device)
         weights_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
         self._module = load_torch_model(model, device, weights_dtype)  # SDPA where supported
         self._compiled: Any = None
@@ -125,7 +122,7 @@ class TorchBackend:
             model_mask = ((1 - mask[:, None, None, :].half()) * MPS_MASK_FILL).half()
         with torch.inference_mode():
             hidden = module(input_ids=ids, attention_mask=model_mask).last_hidden_state
-            pooled = pool(hidden, mask, self._pooling)
+            pooled = self._head(hidden, mask)
         return pooled.float().cpu().numpy()
 
 

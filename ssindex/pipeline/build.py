@@ -61,7 +61,7 @@ def check(root: Path, index_path: str | os.PathLike[str] | None = None,
     cfg = config or BuildConfig()
     root = check_root(Path(root))
     index = IndexDir(resolve_index(index_path) if index_path else default_index_path(root))
-    previous = _previous(index, cfg, ModelSpec.resolve(cfg.embed.model), SilentProgress())
+    previous = _previous(index, cfg, cfg.embed.model_spec(), SilentProgress())
     known = previous.known if previous is not None else None
     files = {f.path: f.content_hash for f in walk(root, cfg.walk, WalkStats(), index.path, known)}
     return stale_reasons(previous, files)
@@ -101,7 +101,7 @@ def build(
     with _cluster(ray), BuildLock(index.path, warn=progress.message):
         activity = Activity(index.path)
         try:
-            job = _Job(root, index, cfg, ModelSpec.resolve(cfg.embed.model), explicit,
+            job = _Job(root, index, cfg, cfg.embed.model_spec(), explicit,
                        Tracked(progress, activity), ray)
             return _progressive(job, no_embed, activity, started)
         finally:
@@ -195,7 +195,7 @@ def _plan(job: _Job, previous: PreviousIndex | None, diffed: bool, no_embed: boo
                           embeds=not no_embed, expected=_unembedded(previous, no_embed))
     if explicit and not ray and not no_embed:
         encoder.load()  # an explicit backend that cannot run fails before any work
-    model_key = f"{model.fingerprint}:{cfg.embed.max_tokens}"
+    model_key = model.key
     staging = Staging(job.index.path, model_key)
     if staging.load():
         job.progress.message("resuming: reusing vectors checkpointed by an interrupted build")

@@ -113,7 +113,7 @@ class LazyEncoder:
             if not query:
                 self._compile(self.selection)
             self.encoder = Encoder(self.selection.backend, self.model,
-                                   self._cfg.embed.max_tokens, self._cfg.embed.batch_tokens)
+                                   self._cfg.embed.batch_tokens)
             self.encoder.stats = self.stats
         return self.encoder
 

@@ -30,6 +30,6 @@ def settings_fingerprint_fields(cfg: BuildConfig) -> dict[str, Any]:
 
 
 def settings_fingerprint(cfg: BuildConfig, model: ModelSpec) -> str:
-    fields = {"format": FORMAT_VERSION, "model": model.fingerprint,
+    fields = {"format": FORMAT_VERSION, "model": model.key,
               **settings_fingerprint_fields(cfg)}
     return xxhash.xxh3_64_hexdigest(repr(sorted(fields.items())).encode())

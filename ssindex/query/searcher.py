@@ -119,13 +119,17 @@ class Searcher:
     """Queries one committed version of an index, through its search files
     (``ssindex.index.search_files``); a ``Hit``'s ``row_id`` is the row's position in them."""
 
-    def __init__(self, index_path: str | os.PathLike[str], backend: str | None = None) -> None:
+    def __init__(self, index_path: str | os.PathLike[str], backend: str | None = None,
+                 trust_remote_code: bool = False) -> None:
+        """``trust_remote_code`` lets the index's model run its own code, as its build
+        had to (``ModelSpec``)."""
         self.index = IndexDir(resolve_index(index_path))
         self.head, self.rows = self._pinned()
         """The committed version, and every row of it: metadata, text and vector codes
         (memory-mapped)."""
         self._checksums: dict[str, str] = self.head.data.get("checksums", {})
         self._backend_choice = backend
+        self._trust_remote_code = trust_remote_code
         self._selection: Selection | None = None
         self._encoder: Encoder | None = None
         self.dense = DenseLeg(self.rows, self.head.quantization,  # type: ignore[arg-type]
@@ -311,15 +315,16 @@ class Searcher:
     @property
     def encoder(self) -> Encoder:
         if self._encoder is None:
-            model = ModelSpec.resolve(self.head.data["model"]["path"])
-            if model.fingerprint != self.head.data["model"]["fingerprint"]:
-                raise IndexCorrupt(
-                    f"the model at {model.path} changed since the index was built; rebuild"
-                )
+            built = self.head.data["model"]
+            model = ModelSpec.resolve(built["path"], int(built["max_tokens"]),
+                                      int(built.get("dims", 0)), self._trust_remote_code)
+            if model.fingerprint != built["fingerprint"] or built.get("key", model.key) \
+                    != model.key:
+                raise IndexCorrupt(f"the model at {model.path} or its settings changed since "
+                                   "the index was built; rebuild")
             self._selection = select("embed_query", model, self._backend_choice,
                                      inventory=detect(with_torch=False))
-            self._encoder = Encoder(self._selection.backend, model,
-                                    int(self.head.data["model"]["max_tokens"]))
+            self._encoder = Encoder(self._selection.backend, model, role="query")
         return self._encoder
 
     # -- internals ------------------------------------------------------------------------

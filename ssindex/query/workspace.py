@@ -31,7 +31,7 @@ from ssindex.query.fusion import Bounds, fuse, lexical_weight
 from ssindex.query.ranking import Evidence
 from ssindex.query.searcher import Legs, Ranked, Searcher, SearchResponse, check_request
 
-SETTINGS = ("model.fingerprint", "model.max_tokens", "model.dim", "quantization",
+SETTINGS = ("model.fingerprint", "model.key", "model.max_tokens", "model.dim", "quantization",
             "settings.config.chunk")
 """What indexes searched together must share, from each one's ``HEAD.json``: their
 vectors and scores compare only then (the walk's settings may differ by repository)."""

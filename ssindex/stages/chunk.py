@@ -20,26 +20,34 @@ For each file, in four steps:
 
 Sizes are non-whitespace characters, so indentation does not eat the budget.
 A chunk is always whole lines; a single line longer than the budget is one
-chunk of its own (its embedding truncation is counted by the embed stage).
+chunk of its own.
+
+Given the model's ``Window``, a span's size is the larger of its characters and its
+tokens (each line's, scaled so that the window is worth the character budget), so
+the AST split above cuts chunks to the model's window too. A chunk whose embedding
+text still overflows it (a long statement kept whole, tokens across line ends) is cut
+into line windows (``_fit``). Only a single line longer than the window stays whole;
+the embed stage counts its truncation.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import PurePosixPath
-from typing import Any
+from typing import Any, Protocol
 
 import xxhash
 
 from ssindex.config import ChunkConfig
-from ssindex.records import Chunk, IndexedChunk, SourceFile
+from ssindex.records import Chunk, IndexedChunk, SourceFile, Tokens
 from ssindex.text.languages import AST_LANGUAGES
 
-CHUNKER_VERSION = 2
+CHUNKER_VERSION = 3  # 3: chunks fit the model's window
 """Bumped whenever chunk boundaries or names change: part of the settings fingerprint."""
 
 _DEFINITION_KINDS: dict[str, str] = {
@@ -98,6 +106,26 @@ class ChunkStats:
         self.chunks += chunks
 
 
+class Window(Protocol):
+    """The model's window: chunks are cut to fit in it (``stages.embed.ModelWindow``)."""
+
+    limit: int
+    """The tokens a chunk's own text may take (the prompt and special tokens aside)."""
+
+    def measure(self, chunks: list[Chunk]) -> list[Tokens]:
+        """Each chunk's embedding text as the model's tokenizer cuts it."""
+        ...
+
+    def line_tokens(self, rows: list[str]) -> list[int]:
+        """The tokens of each line alone."""
+        ...
+
+
+WINDOW_HEADROOM = 8
+"""Tokens the AST split leaves free of a window: for a symbol line the embed stage
+puts above a chunk that does not name it, and tokens that straddle line ends."""
+
+
 @dataclass(slots=True)
 class _Span:
     start: int
@@ -117,35 +145,74 @@ class _Lines:
     rows: list[str]
     prefix: list[int]
     """prefix[i] = non-whitespace characters in rows[:i]."""
+    token_prefix: list[int] | None = None
+    """token_prefix[i] = tokens of rows[:i], each line's counted alone (with a window)."""
+    token_weight: float = 0.0
+    """Characters a token is worth: the character budget over the window."""
 
     @classmethod
-    def of(cls, text: str) -> _Lines:
+    def of(cls, text: str, window: Window | None = None, budget: int = 0,
+           counted: list[int] | None = None) -> _Lines:
+        """The lines of ``text``; with a ``window``, the tokens of the ``counted`` rows
+        too (the others count none), each worth ``budget`` over the window's limit."""
         rows = text.split("\n")
         if rows and rows[-1] == "":
             rows.pop()
         sizes = (sum(map(len, row.split())) for row in rows)
-        return cls(rows, [0, *itertools.accumulate(sizes)])
+        prefix = [0, *itertools.accumulate(sizes)]
+        if window is None or not counted:
+            return cls(rows, prefix)
+        tokens = [0] * len(rows)
+        for row, count in zip(counted, window.line_tokens([rows[r] for r in counted]),
+                              strict=True):
+            tokens[row] = count
+        target = max(1, window.limit - WINDOW_HEADROOM)
+        return cls(rows, prefix, [0, *itertools.accumulate(tokens)], budget / target)
 
     def size(self, start: int, end: int) -> int:
-        return self.prefix[end + 1] - self.prefix[start]
+        chars = self.prefix[end + 1] - self.prefix[start]
+        if self.token_prefix is None:
+            return chars
+        tokens = self.token_prefix[end + 1] - self.token_prefix[start]
+        return max(chars, math.ceil(tokens * self.token_weight))
 
 
 def chunk(
     files: Iterable[SourceFile], cfg: ChunkConfig, stats: ChunkStats,
+    window: Window | None = None,
 ) -> Iterator[tuple[SourceFile, list[IndexedChunk]]]:
     """Yield each file with its chunks, in input order."""
     for source in files:
-        chunks, chunker = chunk_file(source, cfg)
+        chunks, chunker = chunk_file(source, cfg, window)
         stats.count(chunker, len(chunks))
         rows = [IndexedChunk(c) for c in chunks]
         yield source, rows
 
 
-def chunk_file(source: SourceFile, cfg: ChunkConfig) -> tuple[list[Chunk], str]:
-    """The chunks of one file and the name of the chunker that made them."""
+def chunk_file(source: SourceFile, cfg: ChunkConfig, window: Window | None = None,
+               ) -> tuple[list[Chunk], str]:
+    """The chunks of one file (each fitting ``window``, when given) and the name of the
+    chunker that made them."""
     lines = _Lines.of(source.text)
     if not lines.rows:
         return [], "lines"
+    spans, chunker = _spans(source, lines, cfg)
+    chunks = [_to_chunk(source, lines, s) for s in spans]
+    if window is None:
+        return chunks, chunker
+    long = [s for s, t in zip(spans, window.measure(chunks), strict=True) if t.truncated]
+    if not long:
+        return chunks, chunker
+    # tokens are counted only in the rows of chunks too long (12% of the standard
+    # library's): elsewhere the sizes, and so the chunks, stay as they were
+    rows = sorted({row for span in long for row in range(span.start, span.end + 1)})
+    lines = _Lines.of(source.text, window, cfg.max_chars, rows)
+    spans = _fit(source, lines, _spans(source, lines, cfg)[0], window)
+    return [_to_chunk(source, lines, s) for s in spans], chunker
+
+
+def _spans(source: SourceFile, lines: _Lines, cfg: ChunkConfig) -> tuple[list[_Span], str]:
+    """The file's non-empty spans, and the chunker that made them."""
     module = (PurePosixPath(source.path).stem, "module")
     spans: list[_Span] | None = None
     chunker = "lines"
@@ -154,8 +221,50 @@ def chunk_file(source: SourceFile, cfg: ChunkConfig) -> tuple[list[Chunk], str]:
         chunker = "ast" if spans is not None else "lines_parse_error"
     if spans is None:
         spans = _line_windows(lines, 0, len(lines.rows) - 1, module, cfg.max_chars)
-    chunks = [_to_chunk(source, lines, s) for s in spans if lines.size(s.start, s.end)]
-    return chunks, chunker
+    return [s for s in spans if lines.size(s.start, s.end)], chunker
+
+
+def _fit(source: SourceFile, lines: _Lines, spans: list[_Span], window: Window,
+         ) -> list[_Span]:
+    """``spans`` with each one whose embedding text still overflows the window (a long
+    statement kept whole, tokens across line ends) cut into line windows."""
+    fits = [not t.truncated for t in window.measure([_to_chunk(source, lines, s)
+                                                      for s in spans])]
+    if all(fits):
+        return spans
+    cut: list[_Span] = []
+    for span, fit in zip(spans, fits, strict=True):
+        cut += [span] if fit else _token_windows(source, lines, span, window)
+    return cut
+
+
+def _token_windows(source: SourceFile, lines: _Lines, span: _Span, window: Window,
+                   ) -> list[_Span]:
+    """``span`` cut into whole-line windows that fit ``window``: lines are added while
+    their own token counts sum within the limit, and a window that still does not fit
+    as a whole (tokens across line ends) gives up its last lines."""
+    rows = range(span.start, span.end + 1)
+    counts = window.line_tokens([lines.rows[row] for row in rows])
+    pieces: list[_Span] = []
+    first, total = span.start, 0
+    for row, count in zip(rows, counts, strict=True):
+        if row > first and total + count > window.limit:
+            pieces.append(_Span(first, row - 1, span.symbol, span.kind))
+            first, total = row, 0
+        total += count
+    pieces.append(_Span(first, span.end, span.symbol, span.kind))
+    fitted: list[_Span] = []
+    for piece in pieces:
+        start = piece.start
+        while start <= piece.end:
+            end = piece.end
+            while end > start and window.measure(
+                    [_to_chunk(source, lines, _Span(start, end, span.symbol, span.kind))]
+            )[0].truncated:
+                end -= 1
+            fitted.append(_Span(start, end, span.symbol, span.kind))
+            start = end + 1
+    return fitted
 
 
 @cache

@@ -26,6 +26,8 @@ from typing import Protocol
 import numpy as np
 import xxhash
 
+from ssindex.backends.base import tokenized
+from ssindex.backends.model import ModelSpec
 from ssindex.records import Chunk, IndexedChunk, Tokens
 
 
@@ -54,6 +56,37 @@ def embedding_text(chunk: Chunk) -> str:
     if chunk.kind == "module" or chunk.symbol.rsplit(".", 1)[-1] in chunk.text:
         return chunk.text
     return f"{chunk.kind} {chunk.symbol}\n{chunk.text}"
+
+
+class ModelWindow:
+    """The window chunks are cut to: what the model reads of a document's embedding
+    text. It remembers the tokens it measured, so that the chunks of a file are
+    tokenized once, by the chunker, and the embed stage takes them from here."""
+
+    REMEMBERED = 4096
+    """Texts whose tokens are kept (the chunks of a file or a few)."""
+
+    def __init__(self, model: ModelSpec) -> None:
+        self._tokenizer = model.tokenizer()
+        self._prompt = model.prompt("document")
+        prompt = self._tokenizer.encode(self._prompt, add_special_tokens=False).ids \
+            if self._prompt else []
+        special = self._tokenizer.num_special_tokens_to_add(False)
+        self.limit = max(1, model.window - special - len(prompt))
+        self._known: dict[str, Tokens] = {}
+
+    def measure(self, chunks: list[Chunk]) -> list[Tokens]:
+        texts = [embedding_text(c) for c in chunks]
+        missing = [text for text in dict.fromkeys(texts) if text not in self._known]
+        if len(self._known) + len(missing) > self.REMEMBERED:
+            self._known.clear()
+        measured = tokenized(self._tokenizer, missing, self._prompt) if missing else []
+        self._known.update(zip(missing, measured, strict=True))
+        return [self._known[text] for text in texts]
+
+    def line_tokens(self, rows: list[str]) -> list[int]:
+        encodings = self._tokenizer.encode_batch(rows, add_special_tokens=False)
+        return [len(e.ids) for e in encodings]
 
 
 def embed_key(chunk: Chunk, model_key: str) -> str:

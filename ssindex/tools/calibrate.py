@@ -86,7 +86,7 @@ def calibrate(model: str | None = None) -> dict[str, Any]:
         except Exception as exc:  # a backend that cannot run here is reported, not timed
             figures[name] = {"error": str(exc)}
             continue
-        encoder = encoders[name] = Encoder(backend, spec, 256)
+        encoder = encoders[name] = Encoder(backend, spec)
         encoder.encode(texts[:4])
         started = time.perf_counter()
         encoder.encode(texts)

@@ -166,12 +166,23 @@ def doctor_table(report: dict[str, Any]) -> Table:
         *((name, ", ".join(f"{key} {_plain(value)}" for key, value in info.items()))
           for name, info in report["runtimes"].items()),
         ("model", report["model"]),
+        *_card_rows(report["card"]),
+        *report.get("backends", {}).items(),
         *((phase, _backend_line(choice)) for phase, choice in report["phases"].items()),
         *(("calibrated", f"{phase}: {winner['backend']} ({winner['figure']})")
           for phase, winner in report["calibrated"].items()),
         *(("warning", warning) for warning in report["warnings"]),
     ]
     return _facts("ssindex doctor", rows)
+
+
+def _card_rows(card: dict[str, Any]) -> list[tuple[str, str]]:
+    """What ssindex understood of the model: how it embeds."""
+    code = f", runs its own code ({card['remote_code']})" if card["remote_code"] else ""
+    return [("architecture", f"{card['architecture']} ({card['model_type']}){code}"),
+            ("pooling", " → ".join([card["pooling"], *card["modules"]])),
+            ("prompts", f"query {card['query_prompt']!r}, document {card['document_prompt']!r}"),
+            ("window", f"{card['window']} tokens, {card['dim']} dimensions")]
 
 
 def calibration_text(record: dict[str, Any]) -> Text:

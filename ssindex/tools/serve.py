@@ -37,9 +37,11 @@ RESULT_FIELDS = ("path", "start_line", "end_line", "language", "symbol", "kind",
 class WarmSearcher:
     """A warmed ``Searcher`` that follows the index's committed HEAD."""
 
-    def __init__(self, index_path: Path, backend: str | None = None) -> None:
+    def __init__(self, index_path: Path, backend: str | None = None,
+                 trust_remote_code: bool = False) -> None:
         self.index_path = index_path
         self.backend = backend
+        self.trust_remote_code = trust_remote_code
         self._lock = threading.Lock()
         self._head_stamp = self._stamp()
         self._searcher = self._open()
@@ -59,8 +61,7 @@ class WarmSearcher:
         return data
 
     def _open(self) -> Searcher:
-        searcher = Searcher(self.index_path, self.backend).warm()
-        return searcher
+        return Searcher(self.index_path, self.backend, self.trust_remote_code).warm()
 
     def _stamp(self) -> tuple[int, int]:
         try:
@@ -97,10 +98,11 @@ def _mcp_api() -> tuple[Any, type[Exception]]:
     raise ConfigError("`ssindex serve` needs the mcp package: pip install 'ssindex[serve]'")
 
 
-def create_server(index_path: Path, backend: str | None = None) -> Any:
+def create_server(index_path: Path, backend: str | None = None,
+                  trust_remote_code: bool = False) -> Any:
     """The MCP server for ``index_path``, its searcher already open and warm."""
     server_class, tool_error = _mcp_api()
-    searcher = WarmSearcher(index_path, backend)
+    searcher = WarmSearcher(index_path, backend, trust_remote_code)
     server = server_class("ssindex", instructions=INSTRUCTIONS, log_level="WARNING")
 
     @server.tool()
@@ -134,10 +136,11 @@ def create_server(index_path: Path, backend: str | None = None) -> Any:
     return server
 
 
-def serve(index_path: Path, backend: str | None = None) -> None:
+def serve(index_path: Path, backend: str | None = None, trust_remote_code: bool = False,
+          ) -> None:
     """Serve ``index_path`` over stdio until the client closes the connection."""
     with stdout_to_stderr():
-        server = create_server(index_path, backend)
+        server = create_server(index_path, backend, trust_remote_code)
         info = status_data(index_path)
         # stdout is the protocol's: the one line a person sees goes to stderr
         print(f"ssindex serve: {index_path} ({info['chunks']} chunks, {info['model']}), "

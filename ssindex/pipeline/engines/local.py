@@ -27,7 +27,7 @@ from ssindex.pipeline.progress import Progress
 from ssindex.records import IndexedChunk, SourceFile, StoredChunks
 from ssindex.stages.chunk import chunk
 from ssindex.stages.dedupe import Changes, dedupe, dedupe_changes
-from ssindex.stages.embed import embed
+from ssindex.stages.embed import ModelWindow, embed
 from ssindex.stages.quantize import quantize
 from ssindex.stages.walk import Candidate, discover, reread, walk
 from ssindex.stages.write import to_record_batch
@@ -117,7 +117,8 @@ def _produce(plan: BuildPlan, stats: RunStats, progress: Progress,
     files = clock.timed("walk", track_files(walk(
         plan.root, cfg.walk, stats.walk, plan.index_path, previous.known)), None)
     per_file = clock.timed("chunk", chunk(_carry(plan, files, previous, stats, progress),
-                                          cfg.chunk, stats.chunk), "walk")
+                                          cfg.chunk, stats.chunk, ModelWindow(plan.model)),
+                           "walk")
 
     def replay() -> Iterator[Changes]:
         fresh = [row for rows in track_chunks(per_file) for row in rows]

@@ -29,14 +29,13 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
-from ssindex.backends.base import tokenized
 from ssindex.backends.model import ModelSpec
 from ssindex.config import BuildConfig
 from ssindex.errors import WorkerLost
 from ssindex.records import IndexedChunk, SourceFile
 from ssindex.stages.chunk import chunk_file
 from ssindex.stages.dedupe import Signer
-from ssindex.stages.embed import embed_key, embedding_text
+from ssindex.stages.embed import ModelWindow, embed_key
 from ssindex.stages.walk import Candidate, WalkStats, read
 from ssindex.stages.write import lexical_terms
 
@@ -65,33 +64,31 @@ class Preparation:
     model: ModelSpec
     model_key: str
     tokenize: bool = True
-    """Whether workers tokenize: not for a build that embeds nothing (``--no-embed``)."""
+    """Whether prepared chunks keep their tokens: not for a build that embeds nothing
+    (``--no-embed``)."""
 
 
 class Preparer:
     """Prepares files one at a time (in a worker, or in the producer thread).
 
-    Worker processes also ``tokenize``. The producer thread leaves that to the embed
-    stage's thread, where it overlaps the chunking of later files (the tokenizer
-    releases the GIL)."""
+    The chunker tokenizes every chunk to fit it to the model's window
+    (``stages.chunk.Window``); the chunks keep those tokens for the embed stage."""
 
-    def __init__(self, preparation: Preparation, tokenize: bool) -> None:
+    def __init__(self, preparation: Preparation) -> None:
         self._preparation = preparation
         self._sign = Signer(preparation.config.dedupe)
-        self._tokenizer = (preparation.model.tokenizer(preparation.config.embed.max_tokens)
-                           if tokenize else None)
+        self._window = ModelWindow(preparation.model)
 
     def __call__(self, candidate: Candidate, stats: WalkStats) -> Prepared:
         cfg = self._preparation.config
         source = read(candidate, cfg.walk, stats, {})
         if source is None:
             return Prepared(None, "", [])
-        chunks, chunker = chunk_file(source, cfg.chunk)
+        chunks, chunker = chunk_file(source, cfg.chunk, self._window)
         rows = [IndexedChunk(c, signature=self._sign(c.text), terms=lexical_terms(c),
                              key=embed_key(c, self._preparation.model_key)) for c in chunks]
-        if self._tokenizer is not None and rows:
-            texts = [embedding_text(c) for c in chunks]
-            for row, tokens in zip(rows, tokenized(self._tokenizer, texts), strict=True):
+        if self._preparation.tokenize and rows:  # measured by the chunker: not tokenized again
+            for row, tokens in zip(rows, self._window.measure(chunks), strict=True):
                 row.tokens = tokens
         # the text lives on in the chunks; the driver needs only the file's stamp
         return Prepared(replace(source, text=""), chunker, rows)
@@ -113,7 +110,7 @@ def prepared(candidates: Iterable[Candidate], preparation: Preparation, workers:
              stats: WalkStats) -> Iterator[Prepared]:
     """Every candidate prepared, in order; ``workers`` > 1 runs a process pool."""
     if workers <= 1:
-        preparer = Preparer(preparation, tokenize=False)
+        preparer = Preparer(preparation)
         for candidate in candidates:
             yield preparer(candidate, stats)
         return
@@ -166,7 +163,7 @@ def _start(preparation: Preparation, driver: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading.Thread(target=_outlive, args=(driver,), daemon=True,
                      name="ssindex-driver-watch").start()
-    _preparer = Preparer(preparation, tokenize=preparation.tokenize)
+    _preparer = Preparer(preparation)
 
 
 def _outlive(driver: int) -> None:

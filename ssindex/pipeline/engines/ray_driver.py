@@ -225,7 +225,8 @@ class _Run:
             files = data.from_arrow(blocks).map_batches(
                 chunk_block, batch_format="pyarrow", batch_size=None,
                 fn_kwargs={"chunk_cfg": asdict(self.cfg.chunk),
-                           "dedupe_cfg": asdict(self.cfg.dedupe)}).materialize()
+                           "dedupe_cfg": asdict(self.cfg.dedupe),
+                           "model": self.model.arguments}).materialize()
             columns = ["file_ordinal", "chunker", "chunk_ids"]
             for batch in files.select_columns(columns).iter_batches(batch_format="pyarrow",
                                                                     batch_size=None):
@@ -307,7 +308,7 @@ class _Run:
             compute=self.ray.data.ActorPoolStrategy(size=actors),
             num_gpus=gpus_per_actor or None, batch_size=self.options.rows_per_embed_batch,
             fn_constructor_kwargs={
-                "model": str(self.model.path), "max_tokens": self.cfg.embed.max_tokens,
+                "model": self.model.arguments,
                 "batch_tokens": self.cfg.embed.batch_tokens, "explicit": explicit,
                 "model_key": self.plan.model_key, "quantization": self.cfg.quantization,
                 "previous": reuse},
@@ -332,7 +333,7 @@ class _Run:
         reports an actor's failure as text alone (its traceback), so the task returns
         the error as data and it is raised again here, whole."""
         task = self.ray.remote(preflight).options(num_cpus=cpus, num_gpus=gpus or None)
-        failure = self.ray.get(task.remote(str(self.model.path), explicit))
+        failure = self.ray.get(task.remote(self.model.arguments, explicit))
         if failure:
             raise ERRORS[failure["error"]](failure["message"])
 

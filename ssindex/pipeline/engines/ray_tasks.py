@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import asdict
 from pathlib import Path
@@ -23,7 +24,7 @@ from ssindex.index.table import scan
 from ssindex.records import Chunk, IndexedChunk, SourceFile
 from ssindex.stages.chunk import chunk_file
 from ssindex.stages.dedupe import Signer, band_keys, bucket_pairs
-from ssindex.stages.embed import EmbedStats, embed
+from ssindex.stages.embed import EmbedStats, ModelWindow, embed
 from ssindex.stages.write import to_record_batch
 
 FILE_BITS = 24
@@ -51,14 +52,16 @@ FILE_BLOCK = pa.schema([
 
 
 def chunk_block(files: pa.Table, chunk_cfg: dict[str, Any], dedupe_cfg: dict[str, Any],
-                ) -> pa.Table:
-    """Chunk and sign a block of files: one row per file, its chunks nested."""
+                model: dict[str, Any]) -> pa.Table:
+    """Chunk and sign a block of files: one row per file, its chunks nested, fitted to
+    the window of ``model`` (``ModelSpec.arguments``)."""
     cfg, sign = ChunkConfig(**chunk_cfg), _signer(DedupeConfig(**dedupe_cfg))
+    window = _window(tuple(sorted(model.items())))
     out: dict[str, list[Any]] = {"file_ordinal": [], "chunker": [], "chunk_ids": [],
                                  "chunks": []}
     for record in files.to_pylist():
         ordinal = record.pop("file_ordinal")
-        chunks, chunker = chunk_file(SourceFile(**record), cfg)
+        chunks, chunker = chunk_file(SourceFile(**record), cfg, window)
         out["file_ordinal"].append(ordinal)
         out["chunker"].append(chunker)
         out["chunk_ids"].append([c.id for c in chunks])
@@ -68,6 +71,12 @@ def chunk_block(files: pa.Table, chunk_cfg: dict[str, Any], dedupe_cfg: dict[str
     return pa.table(out, schema=pa.schema([
         ("file_ordinal", pa.int64()), ("chunker", pa.string()),
         ("chunk_ids", pa.list_(pa.string())), ("chunks", pa.list_(pa.struct(CHUNK_ROW)))]))
+
+
+@functools.cache
+def _window(model: tuple[tuple[str, Any], ...]) -> ModelWindow:
+    """One window per model in a worker process: its tokenizer loads once."""
+    return ModelWindow(ModelSpec.resolve(**dict(model)))
 
 
 _SIGNERS: dict[DedupeConfig, Signer] = {}
@@ -171,11 +180,11 @@ batch's encode counts, on its first row (zeros elsewhere, so column sums are exa
 _EMBEDDED = pa.schema([*CHUNK_SCHEMA, *(pa.field(n, t) for n, t in ACTOR_COLUMNS)])
 
 
-def preflight(model: str, explicit: str) -> dict[str, str]:
+def preflight(model: dict[str, Any], explicit: str) -> dict[str, str]:
     """Create and probe backend ``explicit`` where an embedding actor would run: nothing
     when it can, else the ssindex error it raised, as data (``errors.ERRORS``)."""
     try:
-        select("embed_bulk", ModelSpec.resolve(model), explicit)
+        select("embed_bulk", ModelSpec.resolve(**model), explicit)
     except SsindexError as exc:
         return {"error": type(exc).__name__, "message": str(exc)}
     return {}
@@ -184,13 +193,13 @@ def preflight(model: str, explicit: str) -> dict[str, str]:
 class EmbedActor:
     """Embeds and quantizes exemplar chunks; the model is loaded once per actor."""
 
-    def __init__(self, model: str, max_tokens: int, batch_tokens: int, explicit: str | None,
+    def __init__(self, model: dict[str, Any], batch_tokens: int, explicit: str | None,
                  model_key: str, quantization: Quantization,
                  previous: tuple[str, int, Quantization] | None) -> None:
-        spec = ModelSpec.resolve(model)
+        spec = ModelSpec.resolve(**model)  # ModelSpec.arguments
         self.selection = select("embed_bulk", spec, explicit)
         self._report = json.dumps(self.selection.as_json())
-        self.encoder = Encoder(self.selection.backend, spec, max_tokens, batch_tokens)
+        self.encoder = Encoder(self.selection.backend, spec, batch_tokens)
         self.model_key, self.quantization, self.dim = model_key, quantization, spec.dim
         self.previous = None
         if previous is not None:
