@@ -32,6 +32,8 @@ BackendOpt = Annotated[list[str] | None, typer.Option(
     "--backend", help="PHASE=NAME, repeatable (phases: embed_bulk, embed_query).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object to stdout.")]
 ModelOpt = Annotated[str | None, typer.Option("--model", help="Local HF model dir.")]
+DimsOpt = Annotated[int | None, typer.Option(
+    "--dims", min=1, help="Keep each vector's first N dimensions (Matryoshka models).")]
 TrustOpt = Annotated[bool, typer.Option(
     "--trust-remote-code", help="Let a model that ships its own Python code run it.")]
 
@@ -72,9 +74,7 @@ def build(
     index: IndexOpt = None,
     config: Annotated[Path | None, typer.Option("--config", help="TOML preset.")] = None,
     model: ModelOpt = None,
-    dims: Annotated[int | None, typer.Option(
-        "--dims", min=1, help="Keep each vector's first N dimensions (Matryoshka models).",
-    )] = None,
+    dims: DimsOpt = None,
     trust_remote_code: TrustOpt = False,
     quantize: Annotated[str | None, typer.Option(
         "--quantize", help="int8 (default), int4 or none.")] = None,
@@ -86,9 +86,8 @@ def build(
         "key and credential files, redact tokens and passwords).")] = False,
     check: Annotated[bool, typer.Option(
         "--check", help="Build nothing: exit 1 if the index is stale, 0 if current.")] = False,
-    no_embed: Annotated[bool, typer.Option(
-        "--no-embed", help="A lexical index, no model loaded; a later build embeds it.",
-    )] = False,
+    no_embed: Annotated[bool, typer.Option("--no-embed", help="A lexical index, no model "
+                                           "loaded; a later build embeds it.")] = False,
     workers: Annotated[int | None, typer.Option(
         "--workers", min=1, help="Processes that read and chunk files (default: most cores "
         "when a GPU embeds, else 1).")] = None,

@@ -56,6 +56,9 @@ class Tokens(NamedTuple):
     ids: np.ndarray
     """Token ids (int32), truncated to the model's limit."""
     truncated: bool
+    """The text is longer than the model's window."""
+    rest: tuple[np.ndarray, ...] = ()
+    """The windows after the first, for such a text (each with its special tokens)."""
 
 
 @dataclass(slots=True)

@@ -22,7 +22,7 @@ from ssindex.config import BuildConfig, ChunkConfig, EmbedConfig
 from ssindex.errors import ConfigError
 from ssindex.pipeline.build import build
 from ssindex.query.searcher import Searcher
-from ssindex.records import SourceFile
+from ssindex.records import Chunk, SourceFile, Tokens
 from ssindex.stages.chunk import chunk_file
 from ssindex.stages.embed import ModelWindow
 from tests.conftest import run_cli
@@ -216,6 +216,32 @@ def test_chunks_fit_the_window_and_cover_the_file(tmp_path: Path) -> None:
     rows = [row for c in fitted for row in range(c.start_line, c.end_line + 1)]
     assert rows == list(range(1, text.count("\n") + 1))
     assert all(c.symbol == "long_function" for c in fitted)
+
+
+def test_the_window_remembers_tokens_without_losing_any() -> None:
+    """Measuring more texts than it remembers, some of them known, still measures all."""
+    window = ModelWindow(ModelSpec.resolve(None))
+
+    def chunks(names: range) -> list[Chunk]:
+        return [Chunk(f"{i}", "a.py", "python", 1, 1, f"f{i}", "function",
+                      f"def f{i}(): return {i}", f"{i}", "file") for i in names]
+
+    first = window.measure(chunks(range(3000)))
+    again = window.measure(chunks(range(10)) + chunks(range(3000, 5000)))
+    assert [t.ids.tolist() for t in again[:10]] == [t.ids.tolist() for t in first[:10]]
+    assert len(again) == 2010
+
+
+def test_a_text_longer_than_the_window_is_read_window_by_window(tmp_path: Path) -> None:
+    spec = ModelSpec.resolve(make_model(tmp_path / "m"))  # a 64-token window
+    encoder = Encoder(TorchBackend(spec), spec)
+    tokens = encoder.tokenize(["tokens " * 150])[0]
+    assert tokens.truncated and tokens.rest
+    pieces = [tokens.ids, *tokens.rest]
+    windows = encoder.encode_tokens([Tokens(piece, False) for piece in pieces])
+    expected = _unit((windows * np.array([[len(p)] for p in pieces])).sum(0, keepdims=True))
+    assert np.allclose(encoder.encode(["tokens " * 150]), expected, atol=1e-6)
+    assert (encoder.stats.truncated, encoder.stats.windowed) == (0, 1)
 
 
 def test_doctor_prints_what_it_understood_of_the_model(tmp_path: Path) -> None:

@@ -61,6 +61,9 @@ class EncodeStats:
     tokens: int = 0
     padded_tokens: int = 0
     truncated: int = 0
+    """Texts whose tail was cut off (a tokenizer that gave no overflow windows)."""
+    windowed: int = 0
+    """Texts longer than the window, embedded window by window."""
 
 
 class Encoder:
@@ -86,21 +89,32 @@ class Encoder:
         return tokenized(self.tokenizer, texts, self.prompt)
 
     def encode_tokens(self, tokens: list[Tokens]) -> np.ndarray:
-        """Unit vectors of texts tokenized by ``tokenize`` (here or in a worker process)."""
+        """Unit vectors of texts tokenized by ``tokenize`` (here or in a worker process).
+        A text longer than the window is the mean of its windows' unit vectors, weighted
+        by their tokens: its tail is read, not cut off."""
         if not tokens:
             return np.zeros((0, self.model.dim), dtype=np.float32)
         self.stats.texts += len(tokens)
-        self.stats.truncated += sum(1 for t in tokens if t.truncated)
-        out = np.empty((len(tokens), self.model.dim), dtype=np.float32)
-        order = np.argsort([-len(t.ids) for t in tokens], kind="stable")
-        for batch in _token_budget_batches([len(tokens[i].ids) for i in order],
-                                           self.batch_tokens):
+        self.stats.truncated += sum(1 for t in tokens if t.truncated and not t.rest)
+        self.stats.windowed += sum(1 for t in tokens if t.rest)
+        seqs = [t.ids for t in tokens]
+        owners = list(range(len(tokens)))
+        for row, text in enumerate(tokens):
+            seqs += text.rest
+            owners += [row] * len(text.rest)
+        out = np.empty((len(seqs), self.model.dim), dtype=np.float32)
+        order = np.argsort([-len(seq) for seq in seqs], kind="stable")
+        for batch in _token_budget_batches([len(seqs[i]) for i in order], self.batch_tokens):
             rows = order[batch]
-            out[rows] = self._forward([tokens[i].ids for i in rows])
+            out[rows] = self._forward([seqs[i] for i in rows])
         if len(tokens) >= BULK_TEXTS:  # a bulk call: give the batches' tensors back
             self._trimmer.after_batch()
-        norms = np.linalg.norm(out, axis=1, keepdims=True)
-        return out / np.maximum(norms, 1e-12)
+        out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
+        if len(seqs) == len(tokens):
+            return out
+        pooled = np.zeros((len(tokens), self.model.dim), dtype=np.float32)
+        np.add.at(pooled, owners, out * np.array([[len(seq)] for seq in seqs], np.float32))
+        return pooled / np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
 
     def _forward(self, seqs: list[np.ndarray]) -> np.ndarray:
         width = max(len(s) for s in seqs)
@@ -126,7 +140,9 @@ def tokenized(tokenizer: Any, texts: list[str], prompt: str = "") -> list[Tokens
         texts = [prompt + text for text in texts]
     # a lone query skips the batch path's thread-pool hand-off (~0.1 ms of a search)
     encodings = [tokenizer.encode(texts[0])] if len(texts) == 1 else tokenizer.encode_batch(texts)
-    return [Tokens(np.asarray(e.ids, dtype=np.int32), bool(e.overflowing)) for e in encodings]
+    return [Tokens(np.asarray(e.ids, dtype=np.int32), bool(e.overflowing),
+                   tuple(np.asarray(o.ids, dtype=np.int32) for o in e.overflowing))
+            for e in encodings]
 
 
 def _token_budget_batches(lengths: list[int], budget: int) -> list[slice]:

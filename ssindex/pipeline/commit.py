@@ -178,6 +178,7 @@ def build_stats(stats: RunStats, encode: EncodeStats | None, backend: BackendRep
         "chunks_near_duplicates": stats.dedupe.near,
         "chunks_reused": stats.embed.reused,
         "chunks_truncated": encode.truncated if encode else 0,
+        "chunks_windowed": encode.windowed if encode else 0,
         "tokens_embedded": encode.tokens if encode else 0,
         "padding_fraction": round(1 - encode.tokens / encode.padded_tokens, 4)
         if encode and encode.padded_tokens else 0.0,

@@ -24,7 +24,7 @@ import pyarrow as pa
 
 from ssindex.errors import ConfigError
 from ssindex.query.conventions import ASKS
-from ssindex.stages.chunk import CHUNK_KINDS
+from ssindex.stages.symbols import CHUNK_KINDS
 from ssindex.text.languages import LANGUAGES, language_named
 from ssindex.util.arrays import distinct, flags
 

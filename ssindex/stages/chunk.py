@@ -18,16 +18,12 @@ For each file, in four steps:
    chunk never ends on a ``def`` line or a comment). Only siblings merge, so
    a chunk never straddles two unrelated subtrees.
 
-Sizes are non-whitespace characters, so indentation does not eat the budget.
-A chunk is always whole lines; a single line longer than the budget is one
-chunk of its own.
-
-Given the model's ``Window``, a span's size is the larger of its characters and its
-tokens (each line's, scaled so that the window is worth the character budget), so
-the AST split above cuts chunks to the model's window too. A chunk whose embedding
-text still overflows it (a long statement kept whole, tokens across line ends) is cut
-into line windows (``_fit``). Only a single line longer than the window stays whole;
-the embed stage counts its truncation.
+Sizes are non-whitespace characters, so indentation does not eat the budget; given
+the model's ``Window``, the larger of that and a span's tokens (scaled so the window
+is worth the budget), so the split cuts chunks to the window too. A chunk is whole
+lines; one whose embedding text still overflows the window is cut into line windows
+(``_fit``). Only a single line longer than the window stays whole (its truncation is
+counted by the embed stage).
 """
 
 from __future__ import annotations
@@ -45,29 +41,12 @@ import xxhash
 
 from ssindex.config import ChunkConfig
 from ssindex.records import Chunk, IndexedChunk, SourceFile, Tokens
+from ssindex.stages.symbols import definition, sole_definition
 from ssindex.text.languages import AST_LANGUAGES
 
-CHUNKER_VERSION = 3  # 3: chunks fit the model's window
-"""Bumped whenever chunk boundaries or names change: part of the settings fingerprint."""
+CHUNKER_VERSION = 3
+"""Bumped whenever chunk boundaries or names change (3: cut to the model's window)."""
 
-_DEFINITION_KINDS: dict[str, str] = {
-    "function_definition": "function", "function_declaration": "function",
-    "function_item": "function", "generator_function_declaration": "function",
-    "method_definition": "method", "method_declaration": "method", "method": "method",
-    "singleton_method": "method", "constructor_declaration": "method",
-    "class_definition": "class", "class_declaration": "class", "class_specifier": "class",
-    "class": "class", "record_declaration": "class", "object_declaration": "object",
-    "object_definition": "object", "interface_declaration": "interface",
-    "protocol_declaration": "interface", "trait_item": "trait", "trait_declaration": "trait",
-    "trait_definition": "trait", "struct_item": "struct", "struct_specifier": "struct",
-    "struct_declaration": "struct", "enum_item": "enum", "enum_declaration": "enum",
-    "impl_item": "impl", "mod_item": "module", "module": "module",
-    "namespace_definition": "namespace", "namespace_declaration": "namespace",
-    "type_declaration": "type", "type_alias_declaration": "type",
-}
-CHUNK_KINDS = frozenset({*_DEFINITION_KINDS.values(), "module"})
-"""Every kind a chunk can have: what it defines, or ``module`` (the code between)."""
-_CONTAINER_KINDS = frozenset({"class", "object", "interface", "trait", "struct", "impl", "enum"})
 _CLOSERS = frozenset({
     "}", ")", "]", "end", "fi", "done", "esac",
     # continuation clauses: starting a chunk at `else:` would cut a statement in two
@@ -82,11 +61,6 @@ _SIMPLE_STATEMENTS = frozenset({
     "expression_statement", "assignment", "augmented_assignment", "return_statement",
     "lexical_declaration", "variable_declaration", "const_declaration", "var_declaration",
     "short_var_declaration", "let_declaration", "field_declaration", "local_variable_declaration",
-})
-_NAME_TYPES = frozenset({
-    "identifier", "type_identifier", "field_identifier", "property_identifier",
-    "simple_identifier", "constant", "name", "qualified_identifier", "scoped_identifier",
-    "word",
 })
 
 
@@ -116,14 +90,12 @@ class Window(Protocol):
         """Each chunk's embedding text as the model's tokenizer cuts it."""
         ...
 
-    def line_tokens(self, rows: list[str]) -> list[int]:
-        """The tokens of each line alone."""
-        ...
+    def line_tokens(self, rows: list[str]) -> list[int]: ...
 
 
 WINDOW_HEADROOM = 8
-"""Tokens the AST split leaves free of a window: for a symbol line the embed stage
-puts above a chunk that does not name it, and tokens that straddle line ends."""
+"""Tokens of a window the AST split leaves free: for the embed stage's symbol line, and
+tokens that straddle line ends."""
 
 
 @dataclass(slots=True)
@@ -286,20 +258,13 @@ def _ast_spans(
         return None
     last = len(lines.rows) - 1
     spans = _split(root, module, 0, lines, cfg, is_root=True)
-    sole = _sole_definition(root, module)
+    sole = sole_definition(root, module)
     if sole is not None:
         for span in spans:
             if (span.symbol, span.kind) == module:
                 span.symbol, span.kind = sole
     spans = _tile(spans, 0, last)
     return _merge(spans, lines, cfg.max_chars, module)
-
-
-def _sole_definition(root: Any, module: tuple[str, str]) -> tuple[str, str] | None:
-    """A file that defines exactly one top-level symbol is named for it, not for the file."""
-    found = [d for child in root.named_children if "comment" not in child.type
-             and (d := _definition(child, module)) is not None]
-    return found[0] if len(found) == 1 else None
 
 
 def _rows(node: Any) -> tuple[int, int]:
@@ -316,11 +281,11 @@ def _split(
     """Spans of ``node``; the first one leaves ``reserve`` characters for a glued header."""
     start, end = _rows(node)
     end = min(end, len(lines.rows) - 1)
-    definition = None if is_root else _definition(node, ctx)
-    node_ctx = definition or ctx
+    defined = None if is_root else definition(node, ctx)
+    node_ctx = defined or ctx
     size = lines.size(start, end)
     if size <= cfg.max_chars - reserve:
-        return [_Span(start, end, *node_ctx, own=definition is not None)]
+        return [_Span(start, end, *node_ctx, own=defined is not None)]
     children = node.children
     atomic = node.type in _SIMPLE_STATEMENTS or "string" in node.type or "comment" in node.type
     if atomic and size <= _ATOMIC_FACTOR * cfg.max_chars:
@@ -405,46 +370,6 @@ def _line_windows(
             first = row
     spans.append(_Span(first, end, *ctx))
     return spans
-
-
-def _definition(node: Any, ctx: tuple[str, str]) -> tuple[str, str] | None:
-    """(qualified name, kind) when ``node`` defines a named symbol."""
-    if node.type == "decorated_definition":
-        inner = node.child_by_field_name("definition")
-        return _definition(inner, ctx) if inner is not None else None
-    kind = _DEFINITION_KINDS.get(node.type)
-    if kind is None:
-        return None
-    name = _name(node)
-    if not name:
-        return None
-    if kind == "function" and ctx[1] in _CONTAINER_KINDS:
-        kind = "method"
-    if ctx[1] != "module":
-        name = f"{ctx[0]}.{name}"
-    return name, kind
-
-
-def _name(node: Any) -> str | None:
-    target = node.child_by_field_name("name")
-    if target is None and node.type == "impl_item":
-        target = node.child_by_field_name("type")
-    declarator = node.child_by_field_name("declarator")
-    while target is None and declarator is not None:
-        if declarator.type in _NAME_TYPES:
-            target = declarator
-            break
-        declarator = declarator.child_by_field_name("declarator") or next(
-            (c for c in declarator.named_children if c.type in _NAME_TYPES), None
-        )
-    if target is None:
-        target = next((c for c in node.named_children if c.type in _NAME_TYPES), None)
-    if target is None:
-        spec = next((c for c in node.named_children if c.type == "type_spec"), None)
-        target = spec.child_by_field_name("name") if spec is not None else None
-    if target is None or target.text is None:
-        return None
-    return target.text.decode("utf-8", errors="replace").strip()[:200] or None
 
 
 def normalized_hash(text: str) -> str:

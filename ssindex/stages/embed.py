@@ -77,9 +77,10 @@ class ModelWindow:
 
     def measure(self, chunks: list[Chunk]) -> list[Tokens]:
         texts = [embedding_text(c) for c in chunks]
-        missing = [text for text in dict.fromkeys(texts) if text not in self._known]
-        if len(self._known) + len(missing) > self.REMEMBERED:
+        unique = list(dict.fromkeys(texts))
+        if len(self._known) + len(unique) > self.REMEMBERED:
             self._known.clear()
+        missing = [text for text in unique if text not in self._known]
         measured = tokenized(self._tokenizer, missing, self._prompt) if missing else []
         self._known.update(zip(missing, measured, strict=True))
         return [self._known[text] for text in texts]

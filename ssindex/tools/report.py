@@ -144,7 +144,8 @@ def summary_table(stats: dict[str, Any]) -> Table:
         ("secrets", _secrets_line(stats)),
         ("chunks", f"{stats['chunks_total']} total, {stats['chunks_embedded']} embedded, "
                    f"{stats['chunks_deduplicated']} duplicates, {stats['chunks_reused']} reused"),
-        ("truncated", f"{stats['chunks_truncated']} chunks longer than the model's limit"),
+        ("truncated", f"{stats['chunks_truncated']} chunks cut off at the model's window, "
+                      f"{stats.get('chunks_windowed', 0)} longer ones read window by window"),
         ("backend", _backend_line(bulk)),
         ("model", f"{stats['model']}, {stats['quantization']} "
                   f"({stats['vector_bytes_per_chunk']} B/vector)"),
