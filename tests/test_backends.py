@@ -22,7 +22,7 @@ from ssindex.pipeline.encoder import LazyEncoder
 from ssindex.pipeline.progress import SilentProgress
 from ssindex.records import SourceFile
 from ssindex.stages.chunk import chunk_file
-from ssindex.stages.embed import embedding_text
+from ssindex.stages.embed import ModelWindow, embedding_text
 from ssindex.stages.walk import content_hash
 from ssindex.tools.calibrate import runnable_backends
 
@@ -35,11 +35,13 @@ def model() -> ModelSpec:
 
 
 @pytest.fixture(scope="module")
-def texts() -> list[str]:
+def texts(model: ModelSpec) -> list[str]:
+    """Chunks as a build makes them: cut to the model's window, so that sentence-transformers
+    (which truncates) and ssindex (which reads a longer text window by window) agree."""
     text = (STDLIB / "json" / "decoder.py").read_text()
     source = SourceFile("json/decoder.py", "python", text, len(text), 0,
                         content_hash(text.encode()))
-    chunks, _ = chunk_file(source, ChunkConfig())
+    chunks, _ = chunk_file(source, ChunkConfig(), ModelWindow(model))
     return [embedding_text(c) for c in chunks[:12]] + ["decode json from a string"]
 
 

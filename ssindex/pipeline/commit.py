@@ -88,7 +88,7 @@ def commit(index: IndexDir, plan: BuildPlan, outcome: Outcome, writer: TableWrit
         "model": {"name": model.name, "id": model.model_id, "path": str(model.path),
                   "fingerprint": model.fingerprint, "key": model.key, "dim": model.dim,
                   "max_tokens": model.window, "dims": model.dims,
-                  "trust_remote_code": model.trust_remote_code, "card": model.card.as_json()},
+                  "trust_remote_code": model.trust_remote_code},
         "quantization": cfg.quantization,
         "settings": {"fingerprint": settings_fingerprint(cfg, model),
                      "config": dataclasses.asdict(cfg)},
