@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import io
+import re
 
 from rich.console import Console
 
@@ -64,6 +65,10 @@ def test_doctor_table_names_choices_fallbacks_and_calibration() -> None:
                      "onnxruntime": {"version": "1.32.0",
                                      "listed_providers": ["CUDAExecutionProvider"]}},
         "model": "all-MiniLM-L6-v2@a26f",
+        "card": {"architecture": "BertModel", "model_type": "bert", "remote_code": "",
+                 "pooling": "mean", "query_prompt": "query: ", "document_prompt": "",
+                 "window": 256, "dim": 384, "modules": ["normalize"]},
+        "backends": {"onnx-cpu": "runs"},
         "phases": {"embed_query": {"backend": "onnx-cpu", "device": "cpu", "dtype": "fp32",
                                    "reason": "single queries", "fallback_reason": "no GPU"}},
         "calibrated": {"embed_bulk": {"backend": "torch-cuda", "figure": "9000 chunks/s"}},
@@ -71,10 +76,13 @@ def test_doctor_table_names_choices_fallbacks_and_calibration() -> None:
     }
     out = io.StringIO()
     Console(file=out, width=200).print(doctor_table(report))
-    text = out.getvalue()
-    for line in ("CUDA        │ H200", "torch       │ version 2.13.0, cuda_build none",
+    text = re.sub(r" +", " ", out.getvalue())  # the key column's width aside
+    for line in ("CUDA │ H200", "torch │ version 2.13.0, cuda_build none",
                  "listed_providers CUDAExecutionProvider",
                  "embed_query │ onnx-cpu (fp32): single queries [fallback: no GPU]",
-                 "calibrated  │ embed_bulk: torch-cuda (9000 chunks/s)",
-                 "warning     │ embed_query: onnx-cuda could not run"):
+                 "calibrated │ embed_bulk: torch-cuda (9000 chunks/s)",
+                 "warning │ embed_query: onnx-cuda could not run",
+                 "architecture │ BertModel (bert)", "pooling │ mean → normalize",
+                 "prompts │ query 'query: ', document ''", "window │ 256 tokens, 384 dimensions",
+                 "onnx-cpu │ runs"):
         assert line in text, text
