@@ -93,12 +93,23 @@ class CommitConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class CacheConfig:
+    shared: bool = True
+    """Take vectors from, and keep new ones in, this machine's shared vector cache
+    (``ssindex.index.cache``): a second clone or worktree embeds only what is new."""
+    max_mb: int = 2048
+    """Its bound on disk; the least recently used vectors go first (float32: about
+    1.5 KB each for the bundled model, so ~1.4M vectors)."""
+
+
+@dataclass(frozen=True, slots=True)
 class BuildConfig:
     walk: WalkConfig = field(default_factory=WalkConfig)
     chunk: ChunkConfig = field(default_factory=ChunkConfig)
     dedupe: DedupeConfig = field(default_factory=DedupeConfig)
     embed: EmbedConfig = field(default_factory=EmbedConfig)
     commit: CommitConfig = field(default_factory=CommitConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
     quantization: Quantization = "int8"
     backends: tuple[tuple[str, str], ...] = ()
     """Explicit backend choices per phase, e.g. (("embed_bulk", "onnx-cpu"),)."""
@@ -116,6 +127,7 @@ _SECTIONS: dict[str, type] = {
     "dedupe": DedupeConfig,
     "embed": EmbedConfig,
     "commit": CommitConfig,
+    "cache": CacheConfig,
 }
 
 
@@ -135,6 +147,7 @@ _BOUNDS: dict[tuple[str, str], tuple[float, float]] = {
     ("commit", "every_seconds"): (0.1, math.inf),
     ("commit", "every_chunks"): (1, math.inf),
     ("commit", "min_files"): (0, math.inf),
+    ("cache", "max_mb"): (1, math.inf),
 }
 """Inclusive bounds of numeric settings; outside them a build would fail or be useless."""
 

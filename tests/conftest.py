@@ -24,6 +24,9 @@ def _isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
     base = tmp_path_factory.mktemp("ssindex-home")
     os.environ.setdefault("SSINDEX_CACHE_DIR", str(base / "cache"))
     os.environ["SSINDEX_CONFIG_DIR"] = str(base / "config")
+    # a test's build must not take vectors another test embedded: tests count what a
+    # build embeds (tests/test_cache.py turns it on, with a cache of its own)
+    os.environ.setdefault("SSINDEX_SHARED_CACHE", "off")
 
 
 def run_cli(*args: str, check: bool = True, cwd: Path | None = None,

@@ -15,6 +15,16 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+THREADS_ENV = "SSINDEX_THREADS"
+
+
+def thread_cap() -> int:
+    """The threads a backend may run on: ``SSINDEX_THREADS`` when set to a positive
+    number (``ssindex watch`` sets it, leaving cores to the editor beside it), else
+    every core."""
+    value = os.environ.get(THREADS_ENV, "")
+    return int(value) if value.isdigit() and int(value) > 0 else os.cpu_count() or 1
+
 
 @dataclass(frozen=True)
 class Inventory:

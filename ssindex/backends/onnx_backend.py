@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from ssindex.backends.base import DEFAULT_BATCH_TOKENS
+from ssindex.backends.inventory import thread_cap
 from ssindex.backends.model import ModelSpec
 from ssindex.errors import BackendUnavailable, first_line
 from ssindex.util.dirs import cache_dir
@@ -238,7 +239,7 @@ def _session(path: Path, provider: str) -> Any:
 
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.intra_op_num_threads = os.cpu_count() or 1
+    options.intra_op_num_threads = thread_cap()
     options.log_severity_level = 3
     # threads spin between the ops of a run (waking a sleeping one per op cost ~0.7 ms of
     # a 5 ms query) and stop when it returns: a search scores right after embedding its

@@ -8,11 +8,13 @@ enough to repay its ~15-20 s of compiling.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
 
 from ssindex.backends.head import build_head
+from ssindex.backends.inventory import THREADS_ENV, thread_cap
 from ssindex.backends.model import ModelSpec
 from ssindex.errors import BackendUnavailable, first_line
 
@@ -63,6 +65,8 @@ class TorchBackend:
     def __init__(self, model: ModelSpec, device: str = "cpu", precision: str = "fp32") -> None:
         import torch
 
+        if device == "cpu" and os.environ.get(THREADS_ENV):
+            torch.set_num_threads(thread_cap())
         self.device = device
         self.dtype = precision
         suffix = "" if precision == "fp32" else f"-{precision}"

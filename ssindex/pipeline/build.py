@@ -17,6 +17,7 @@ from ssindex.backends.model import ModelSpec
 from ssindex.config import BuildConfig
 from ssindex.errors import ConfigError, IndexCorrupt
 from ssindex.index.activity import Activity
+from ssindex.index.cache import VectorCache, enabled_by_environment
 from ssindex.index.layout import (
     IndexDir,
     default_index_path,
@@ -25,7 +26,7 @@ from ssindex.index.lock import BuildLock
 from ssindex.index.remote import RemoteIndex, is_remote, resolve_index
 from ssindex.index.table import TableWriter
 from ssindex.pipeline.commit import Outcome, Started, commit
-from ssindex.pipeline.encoder import LazyEncoder
+from ssindex.pipeline.encoder import EncoderPool, LazyEncoder
 from ssindex.pipeline.engines.common import RunStats
 from ssindex.pipeline.engines.local import run_local
 from ssindex.pipeline.engines.pool import default_workers
@@ -75,6 +76,7 @@ def build(
     progress: Progress | None = None,
     ray: RayOptions | None = None,
     no_embed: bool = False,
+    warm: Warm | None = None,
 ) -> dict[str, Any]:
     """Index ``root`` into ``index_path`` (default ``root/.ssindex``); returns build stats.
 
@@ -82,13 +84,15 @@ def build(
     (``engines.ray_driver``). ``index_path`` may be an object-store URI
     (``s3://bucket/prefix``): the build runs against a local mirror, then uploads it
     (``ssindex.index.remote``). ``no_embed`` builds a lexical index and loads no
-    model: new chunks get no vector (stored ones are kept) until a later build."""
+    model: new chunks get no vector (stored ones are kept) until a later build. ``warm``
+    keeps the encoders and the shared vector cache open across the builds of one
+    long-lived process (``ssindex watch``)."""
     if no_embed and ray is not None:
         raise ConfigError("--no-embed is the local engine's: Ray builds embed on actors")
     if index_path is not None and is_remote(index_path):
         remote = RemoteIndex(str(index_path))
         result = build(root, remote.pull(for_commit=True), config, backend_overrides,
-                       progress, ray, no_embed)
+                       progress, ray, no_embed, warm)
         remote.push()
         return result | {"index": remote.uri}
     started = Started()
@@ -100,12 +104,45 @@ def build(
     index.ensure_writable()
     with _cluster(ray), BuildLock(index.path, warn=progress.message):
         activity = Activity(index.path)
+        cache = None
+        if ray is None:
+            cache = warm.cache(cfg, progress) if warm is not None else shared_cache(cfg, progress)
         try:
             job = _Job(root, index, cfg, cfg.embed.model_spec(), explicit,
-                       Tracked(progress, activity), ray)
+                       Tracked(progress, activity), ray, cache,
+                       warm.encoders if warm is not None else None)
             return _progressive(job, no_embed, activity, started)
         finally:
             activity.close()
+            if cache is not None and warm is None:
+                cache.close()
+
+
+def shared_cache(cfg: BuildConfig, progress: Progress) -> VectorCache | None:
+    """This machine's shared vector cache, unless the config or ``SSINDEX_SHARED_CACHE``
+    turns it off (the Ray engine's actors do not use it)."""
+    if not (cfg.cache.shared and enabled_by_environment()):
+        return None
+    return VectorCache(cfg.cache.max_mb, warn=progress.message)
+
+
+class Warm:
+    """What one long-lived process keeps open across its builds: loaded encoders and
+    the shared vector cache (``ssindex watch``, ``ssindex serve --watch``)."""
+
+    def __init__(self) -> None:
+        self.encoders = EncoderPool()
+        self._cache: VectorCache | None = None
+        self._cache_opened = False
+
+    def cache(self, cfg: BuildConfig, progress: Progress) -> VectorCache | None:
+        if not self._cache_opened:
+            self._cache, self._cache_opened = shared_cache(cfg, progress), True
+        return self._cache
+
+    def close(self) -> None:
+        if self._cache is not None:
+            self._cache.close()
 
 
 @dataclass(frozen=True)
@@ -119,6 +156,8 @@ class _Job:
     explicit: str | None
     progress: Progress
     ray: RayOptions | None
+    cache: VectorCache | None
+    encoders: EncoderPool | None
 
 
 def _progressive(job: _Job, no_embed: bool, activity: Activity, started: Started,
@@ -148,6 +187,7 @@ def _progressive(job: _Job, no_embed: bool, activity: Activity, started: Started
     result["first_commit_seconds"] = first["wall_seconds"] if first else (
         result["wall_seconds"])
     result["partial_commits"] = publisher.commits if publisher is not None else 0
+    result["chunks_from_cache"] = job.cache.stats.hits if job.cache is not None else 0
     return result
 
 
@@ -192,7 +232,8 @@ def _plan(job: _Job, previous: PreviousIndex | None, diffed: bool, no_embed: boo
     # query backend, and the actors' hardware may not be this machine's
     encoder = LazyEncoder(model, cfg, None if ray else explicit, job.progress,
                           incremental=ray is not None or reusable is not None,
-                          embeds=not no_embed, expected=_unembedded(previous, no_embed))
+                          embeds=not no_embed, expected=_unembedded(previous, no_embed),
+                          pool=job.encoders)
     if explicit and not ray and not no_embed:
         encoder.load()  # an explicit backend that cannot run fails before any work
     model_key = model.key
@@ -200,12 +241,19 @@ def _plan(job: _Job, previous: PreviousIndex | None, diffed: bool, no_embed: boo
     if staging.load():
         job.progress.message("resuming: reusing vectors checkpointed by an interrupted build")
 
+    cache = job.cache
+
     def reuse(keys: list[str]) -> dict[str, np.ndarray]:
         found = previous.vectors(keys) if previous else {}
-        return found | staging.lookup([key for key in keys if key not in found])
+        found |= staging.lookup([key for key in keys if key not in found])
+        if cache is not None and len(found) < len(keys):
+            found |= cache.lookup([key for key in keys if key not in found], model.dim)
+        return found
 
     def checkpoint(keys: list[str], vectors: np.ndarray) -> None:
         staging.checkpoint(keys, vectors)
+        if cache is not None:
+            cache.store(keys, vectors)
         if publisher is not None:
             publisher.add(keys, vectors)
 

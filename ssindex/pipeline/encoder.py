@@ -32,6 +32,21 @@ chunks to embed. On an AMX Xeon, compiling took 13-20 s (cached kernels, or none
 then saved 1.2 ms a chunk (220 against 174 chunks/s), so it repays itself past ~15,000."""
 
 
+class EncoderPool:
+    """Encoders kept loaded across the builds of one long-lived process (``ssindex
+    watch``), so a one-file rebuild does not load a backend again."""
+
+    def __init__(self) -> None:
+        self._loaded: dict[tuple[str, str, str | None], tuple[Selection, Encoder]] = {}
+
+    def get(self, key: tuple[str, str, str | None]) -> tuple[Selection, Encoder] | None:
+        return self._loaded.get(key)
+
+    def keep(self, key: tuple[str, str, str | None], selection: Selection,
+             encoder: Encoder) -> None:
+        self._loaded[key] = (selection, encoder)
+
+
 class LazyEncoder:
     """Selects and loads a backend only when a chunk really needs embedding, so a
     rebuild that reuses every vector never loads a model.
@@ -43,7 +58,7 @@ class LazyEncoder:
 
     def __init__(self, model: ModelSpec, cfg: BuildConfig, explicit: str | None,
                  progress: Progress, incremental: bool = False, embeds: bool = True,
-                 expected: int = 0) -> None:
+                 expected: int = 0, pool: EncoderPool | None = None) -> None:
         self.model = model
         self.embeds = embeds
         """``False`` for a ``--no-embed`` build: loading a backend is then a bug."""
@@ -59,6 +74,7 @@ class LazyEncoder:
         self.selection: Selection | None = None
         self.encoder: Encoder | None = None
         self._loading: threading.Thread | None = None
+        self._pool = pool
 
     def encode(self, texts: list[str]) -> np.ndarray:
         return self._ready(len(texts)).encode(texts) if texts else self._none()
@@ -103,6 +119,11 @@ class LazyEncoder:
     def _load(self) -> Encoder:
         if not self.embeds:
             raise RuntimeError("a --no-embed build asked for the model")
+        key = (self._phase, self.model.key, self._explicit)
+        kept = self._pool.get(key) if self._pool is not None and self.encoder is None else None
+        if kept is not None:
+            self.selection, self.encoder = kept
+            self.encoder.stats = self.stats
         if self.encoder is None:
             query = self._phase == "embed_query"
             # the query backends are probed anyway: importing torch (seconds) to take
@@ -115,6 +136,8 @@ class LazyEncoder:
             self.encoder = Encoder(self.selection.backend, self.model,
                                    self._cfg.embed.batch_tokens)
             self.encoder.stats = self.stats
+            if self._pool is not None:
+                self._pool.keep(key, self.selection, self.encoder)
         return self.encoder
 
     def _compile(self, selection: Selection) -> None:

@@ -186,6 +186,15 @@ class Searcher:
         return self.encoder.encode([query])[0]
 
     # -- public ---------------------------------------------------------------------------
+    def adopt_encoder(self, other: Searcher) -> None:
+        """Take ``other``'s loaded query encoder when it embeds for the same model and
+        settings (a server reopening a newer version saves loading it again)."""
+        ours, theirs = self.head.data["model"], other.head.data["model"]
+        if other._encoder is not None and self._backend_choice == other._backend_choice \
+                and (ours["fingerprint"], ours.get("key")) == (theirs["fingerprint"],
+                                                               theirs.get("key")):
+            self._encoder, self._selection = other._encoder, other._selection
+
     def warm(self) -> Searcher:
         """Load everything a search needs now (query backend, vectors, postings, term
         statistics), so that a long-lived searcher's first request is as fast as the rest."""

@@ -146,6 +146,40 @@ def _ignored(rel: str, is_dir: bool, scopes: list[_IgnoreScope]) -> bool:
     return ignored
 
 
+class Rules:
+    """The walk's verdict on one path at a time, for a watcher deciding which file events
+    can change the index: the denied directories and ignore files ``discover`` obeys.
+    Each directory's ignore files are read once, until ``forget``."""
+
+    def __init__(self, root: Path, cfg: WalkConfig) -> None:
+        self._root = root
+        self._extra = [_IgnoreScope("", _spec(cfg.extra_ignores))] if cfg.extra_ignores else []
+        self._scopes: dict[str, _IgnoreScope | None] = {}
+
+    def forget(self) -> None:
+        """Read ignore files again (one was edited)."""
+        self._scopes.clear()
+
+    def indexable(self, rel: str) -> bool:
+        """Whether a change at ``rel`` (POSIX, relative to the root) can change what the
+        walk finds: not in a denied or ignored directory, not an ignored file. Ignore files
+        themselves count, since they change what the walk takes."""
+        parts = rel.split("/")
+        scopes = [*self._extra, *self._scope("")]
+        for depth in range(1, len(parts)):
+            directory = "/".join(parts[:depth])
+            if parts[depth - 1] in DENIED_DIRS or _ignored(directory, True, scopes):
+                return False
+            scopes += self._scope(directory)
+        return parts[-1] in IGNORE_FILES or not _ignored(rel, False, scopes)
+
+    def _scope(self, rel_dir: str) -> list[_IgnoreScope]:
+        if rel_dir not in self._scopes:
+            self._scopes[rel_dir] = _load_scope(self._root / rel_dir, rel_dir)
+        scope = self._scopes[rel_dir]
+        return [scope] if scope is not None else []
+
+
 def _walk_dir(
     root: Path,
     directory: Path,

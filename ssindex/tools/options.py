@@ -12,7 +12,8 @@ from ssindex.pipeline.plan import RayOptions
 
 def build_config(config: Path | None, quantize: str | None = None, model: str | None = None,
                  allow_secrets: bool = False, workers: int | None = None,
-                 dims: int | None = None, trust_remote_code: bool = False) -> BuildConfig:
+                 dims: int | None = None, trust_remote_code: bool = False,
+                 no_shared_cache: bool = False) -> BuildConfig:
     """The preset at ``config`` (or the defaults) with the options given."""
     cfg = load_config(config)
     if quantize is not None:
@@ -29,6 +30,8 @@ def build_config(config: Path | None, quantize: str | None = None, model: str | 
     cfg = replace(cfg, embed=embed)
     if allow_secrets:
         cfg = replace(cfg, walk=replace(cfg.walk, allow_secrets=True))
+    if no_shared_cache:
+        cfg = replace(cfg, cache=replace(cfg.cache, shared=False))
     return cfg if workers is None else replace(cfg, workers=workers)
 
 

@@ -143,7 +143,9 @@ def summary_table(stats: dict[str, Any]) -> Table:
         ("skipped", skipped),
         ("secrets", _secrets_line(stats)),
         ("chunks", f"{stats['chunks_total']} total, {stats['chunks_embedded']} embedded, "
-                   f"{stats['chunks_deduplicated']} duplicates, {stats['chunks_reused']} reused"),
+                   f"{stats['chunks_deduplicated']} duplicates, {stats['chunks_reused']} reused"
+                   + (f" ({stats['chunks_from_cache']} from the shared vector cache)"
+                      if stats.get("chunks_from_cache") else "")),
         ("truncated", f"{stats['chunks_truncated']} chunks cut off at the model's window, "
                       f"{stats.get('chunks_windowed', 0)} longer ones read window by window"),
         ("backend", _backend_line(bulk)),
