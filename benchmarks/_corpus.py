@@ -10,9 +10,10 @@ import sysconfig
 from pathlib import Path
 from typing import Any
 
+from ssindex.backends.model import ModelSpec
 from ssindex.config import ChunkConfig, WalkConfig
 from ssindex.stages.chunk import chunk_file
-from ssindex.stages.embed import embedding_text
+from ssindex.stages.embed import ModelWindow, embedding_text
 from ssindex.stages.walk import WalkStats, walk
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
@@ -28,11 +29,14 @@ def cpu_label() -> str:
 
 
 def stdlib_chunk_texts(count: int, seed: int = 0) -> list[str]:
-    """``count`` embedding texts sampled (fixed seed) from chunks of the standard library."""
+    """``count`` embedding texts sampled (fixed seed) from chunks of the standard library,
+    cut to the bundled model's window as a build cuts them: each fits the window, so a
+    reference that truncates at the window reads the same tokens."""
+    window = ModelWindow(ModelSpec.resolve(None))
     texts: list[str] = []
     for source in walk(STDLIB, WalkConfig(), WalkStats()):
         if source.language == "python":
-            chunks, _ = chunk_file(source, ChunkConfig())
+            chunks, _ = chunk_file(source, ChunkConfig(), window)
             texts.extend(embedding_text(c) for c in chunks)
     return random.Random(seed).sample(texts, min(count, len(texts)))
 

@@ -1,12 +1,7 @@
-"""The ``ssindex`` command line: a thin layer over the library API.
-
-Only ``SsindexError`` is caught: it becomes one line on stderr and a
-non-zero exit code. Anything else is a bug and keeps its traceback.
-"""
+"""``build``, ``search``, ``status``, ``repair``, ``eval``, ``calibrate``, ``doctor``."""
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -15,66 +10,21 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from ssindex.errors import ConfigError, SsindexError
-
-app = typer.Typer(
-    name="ssindex", no_args_is_help=True, add_completion=False,
-    help="Index a repository for code search, then search it.",
-    pretty_exceptions_enable=False,
-    # help texts are plain text: as rich markup, "ssindex[serve]" lost its "[serve]"
-    rich_markup_mode=None,
+from ssindex.cli.app import (
+    BackendOpt,
+    ConfigOpt,
+    DimsOpt,
+    IndexOpt,
+    JsonOpt,
+    ModelOpt,
+    NoCacheOpt,
+    TrustOpt,
+    app,
+    emit,
+    err,
+    index_for,
 )
-err = Console(stderr=True)
-
-IndexOpt = Annotated[str | None, typer.Option(
-    "--index", help="Index directory, or an object-store URI (s3://bucket/prefix).")]
-BackendOpt = Annotated[list[str] | None, typer.Option(
-    "--backend", help="PHASE=NAME, repeatable (phases: embed_bulk, embed_query).")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object to stdout.")]
-ModelOpt = Annotated[str | None, typer.Option("--model", help="Local HF model dir.")]
-DimsOpt = Annotated[int | None, typer.Option(
-    "--dims", min=1, help="Keep each vector's first N dimensions (Matryoshka models).")]
-TrustOpt = Annotated[bool, typer.Option(
-    "--trust-remote-code", help="Let a model that ships its own Python code run it.")]
-NoCacheOpt = Annotated[bool, typer.Option(
-    "--no-shared-cache", help="Neither take vectors from nor add them to this machine's "
-    "shared vector cache.")]
-
-DebounceOpt = Annotated[int, typer.Option(
-    "--debounce", min=0, help="Quiet time in ms after the last change before a build.")]
-RootOpt = Annotated[Path | None, typer.Option(
-    "--root", help="The tree to watch (default: the index's recorded root, else '.').")]
-ConfigOpt = Annotated[Path | None, typer.Option("--config", help="TOML preset.")]
-
-
-def _emit(data: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(data, ensure_ascii=False) + "\n")
-
-
-def _index_for(index: str | None, fallback_root: Path = Path(".")) -> Path:
-    """The local index to read: ``--index`` (a remote one pulled first), else the default."""
-    from ssindex.index.layout import default_index_path
-    from ssindex.index.remote import resolve_index
-
-    return resolve_index(index) if index is not None else default_index_path(fallback_root)
-
-
-def _version(value: bool) -> None:
-    if value:
-        from ssindex import __version__
-        from ssindex.backends.model import ModelSpec
-
-        print(f"ssindex {__version__}, model {ModelSpec.resolve(None).model_id}")
-        raise typer.Exit()
-
-
-@app.callback()
-def _options(
-    version: Annotated[bool, typer.Option(
-        "--version", callback=_version, is_eager=True,
-        help="Print the version and the bundled model's id, then exit.")] = False,
-) -> None:
-    """Index a repository for code search, then search it."""
+from ssindex.errors import ConfigError
 
 
 @app.command()
@@ -120,7 +70,6 @@ def build(
 
     cfg = build_config(config, quantize, model, allow_secrets, workers, dims, trust_remote_code,
                        no_shared_cache)
-    overrides = parse_overrides(backend or [])
     ray = engine_options(engine, RayOptions(ray_address, embed_actors, gpus_per_actor), workers)
     if check:
         from ssindex.pipeline.build import check as check_index
@@ -130,22 +79,19 @@ def build(
     reporter: Any = RichProgress(err) if live else PlainProgress()
     try:
         with reporter:
-            stats = run_build(path, index, cfg, overrides, progress=reporter, ray=ray,
-                              no_embed=no_embed)
+            stats = run_build(path, index, cfg, parse_overrides(backend or []),
+                              progress=reporter, ray=ray, no_embed=no_embed)
     except KeyboardInterrupt:
         err.print("interrupted: searches see the last committed build; the next build "
                   "reuses the batches embedded so far", highlight=False, soft_wrap=True)
         raise typer.Exit(130) from None
-    if as_json:
-        _emit(stats)
-    else:
-        Console().print(summary_table(stats))
+    emit(stats) if as_json else Console().print(summary_table(stats))
 
 
 def _report_staleness(reasons: list[str], as_json: bool) -> None:
     """``build --check``: why the index is stale (exit 1), or that it is current (exit 0)."""
     if as_json:
-        _emit({"stale": bool(reasons), "reasons": reasons})
+        emit({"stale": bool(reasons), "reasons": reasons})
     else:
         Console().print("stale: " + "; ".join(reasons) if reasons else "current", markup=False)
     raise typer.Exit(1 if reasons else 0)
@@ -203,7 +149,7 @@ def search(
     query_backend = parse_overrides(backend or []).get("embed_query")
     indexes: list[str | None] = [*(index or []),
                                  *(workspace_indexes(workspace) if workspace else [])]
-    searchers = [Searcher(_index_for(one), query_backend, trust_remote_code)
+    searchers = [Searcher(index_for(one), query_backend, trust_remote_code)
                  for one in indexes or [None]]
     engine = searchers[0] if len(searchers) == 1 else Workspace(searchers)
     response = engine.search(query, k=k, mode=mode, abstain=not no_abstain, explain=explain,
@@ -241,9 +187,9 @@ def status(index: IndexOpt = None, as_json: JsonOpt = False) -> None:
     """What an index holds and how it was built."""
     from ssindex.index.layout import status_data
 
-    data = status_data(_index_for(index))
+    data = status_data(index_for(index))
     if as_json:
-        _emit(data)
+        emit(data)
     else:
         for key, value in data.items():
             Console().print(f"[bold]{key:<14}[/]{escape(str(value))}")
@@ -262,116 +208,15 @@ def repair(index: IndexOpt = None, as_json: JsonOpt = False) -> None:
             remote.push()
         data["index"] = remote.uri
     else:
-        data = run_repair(_index_for(index))
+        data = run_repair(index_for(index))
     if as_json:
-        _emit(data)
+        emit(data)
     elif data["repaired"]:
         Console().print(f"repaired {escape(', '.join(data['repaired']))} in "
                         f"{escape(data['index'])} ({data['verified']} files verified)")
     else:
         Console().print(f"{escape(data['index'])}: intact ({data['verified']} files verified)")
 
-
-@app.command()
-def serve(index: IndexOpt = None, backend: BackendOpt = None,
-          trust_remote_code: TrustOpt = False,
-          watch: Annotated[bool, typer.Option(
-              "--watch", help="Keep the index current as files change (ssindex watch on a "
-              "thread of the server).")] = False,
-          root: RootOpt = None, config: ConfigOpt = None, debounce: DebounceOpt = 100,
-          no_shared_cache: NoCacheOpt = False) -> None:
-    """Serve an index to coding agents: an MCP server over stdio (needs ssindex[serve])."""
-    from ssindex.backends.names import parse_overrides
-    from ssindex.tools.serve import serve as run_server
-
-    query_backend = parse_overrides(backend or []).get("embed_query")
-    if not watch:
-        if root is not None or config is not None or no_shared_cache:
-            raise ConfigError("--root, --config and --no-shared-cache need --watch")
-        run_server(_index_for(index), query_backend, trust_remote_code)
-        return
-    from ssindex.tools.options import build_config
-
-    tree = _watched_root(root, index)
-    cfg = build_config(config, trust_remote_code=trust_remote_code,
-                       no_shared_cache=no_shared_cache)
-    run_server(_index_for(index, tree), query_backend, trust_remote_code,
-               (tree, cfg, debounce))
-
-
-def _watched_root(root: Path | None, index: str | None) -> Path:
-    """``--root``, else the root the index at ``--index`` was built from, else '.'."""
-    if root is not None or index is None:
-        return root or Path(".")
-    from ssindex.index.layout import IndexDir
-
-    try:
-        return Path(IndexDir(_index_for(index)).read_head().data["root"])
-    except SsindexError as exc:
-        raise ConfigError(f"--index {index} has no root to watch yet: give --root") from exc
-
-
-@app.command()
-def watch(
-    path: Annotated[Path, typer.Argument(help="Directory to keep indexed.")] = Path("."),
-    index: IndexOpt = None, config: ConfigOpt = None, model: ModelOpt = None,
-    dims: DimsOpt = None, trust_remote_code: TrustOpt = False, backend: BackendOpt = None,
-    debounce: DebounceOpt = 100,
-    threads: Annotated[int | None, typer.Option(
-        "--threads", min=1, help="Threads the model may use (default: half the cores).")] = None,
-    nice: Annotated[int, typer.Option(
-        "--nice", min=0, max=19, help="How much to lower this process's priority.")] = 10,
-    no_shared_cache: NoCacheOpt = False,
-) -> None:
-    """Keep PATH's index current: an incremental build after each burst of file changes."""
-    import signal
-
-    from ssindex.backends.names import parse_overrides
-    from ssindex.tools.options import build_config
-    from ssindex.tools.watch import Watcher, default_threads, polite, say_on_stderr
-
-    if index is not None and "://" in index:
-        raise ConfigError("ssindex watch keeps a local index: build to object storage with "
-                          "`ssindex build --index URI`")
-    cfg = build_config(config, model=model, dims=dims, trust_remote_code=trust_remote_code,
-                       no_shared_cache=no_shared_cache)
-    cores = threads or default_threads()
-    polite(cores, nice)
-    watcher = Watcher(path, Path(index) if index else None, cfg, debounce,
-                      parse_overrides(backend or []))
-    terminated = False
-
-    def on_term(signum: int, frame: Any) -> None:
-        nonlocal terminated
-        if not terminated:
-            terminated = True
-            raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, on_term)
-    say_on_stderr(f"watching {watcher.root} into {watcher.index} (debounce {debounce} ms, "
-                  f"{cores} thread{'s' if cores > 1 else ''}, nice {nice}); Ctrl-C stops")
-    try:
-        watcher.run()
-    except KeyboardInterrupt:
-        say_on_stderr("stopped: searches see the last committed version")
-        raise typer.Exit(0 if terminated else 130) from None
-
-
-@app.command(name="mcp-config")
-def mcp_config(
-    client: Annotated[str, typer.Option(
-        "--client", help="claude, codex, cursor or generic.")] = "generic",
-    root: Annotated[Path, typer.Option("--root", help="The repository to serve.")] = Path("."),
-    index: IndexOpt = None,
-) -> None:
-    """Print the snippet that registers `ssindex serve --watch` with a coding agent."""
-    from ssindex.tools.clients import snippet
-
-    if index is not None and "://" in index:
-        raise ConfigError("serve --watch keeps a local index current: give a directory")
-    found = snippet(client, root, Path(index) if index else None)
-    sys.stdout.write(found.text)
-    err.print(found.where, highlight=False, soft_wrap=True, markup=False)
 
 
 @app.command(name="eval")
@@ -396,7 +241,7 @@ def evaluate(
     modes = list(SEARCH_MODES) if mode == "all" else [mode]
     report = run_eval(directory, modes, cfg, workdir, suffix, abstain=not no_abstain)
     if as_json:
-        _emit(report)
+        emit(report)
         return
     from rich.table import Table
 
@@ -422,7 +267,7 @@ def calibrate(as_json: JsonOpt = False) -> None:
 
     record = run_calibration()
     if as_json:
-        _emit(record)
+        emit(record)
     else:
         from ssindex.tools.report import calibration_text
 
@@ -438,40 +283,9 @@ def doctor(model: ModelOpt = None, trust_remote_code: TrustOpt = False,
 
     report = diagnose(model, trust_remote_code)
     if as_json:
-        _emit(report)
+        emit(report)
         return
     from ssindex.tools.report import doctor_table
 
     Console().print(doctor_table(report))
 
-
-def main() -> None:
-    """Entry point. A usage error is one line and a hint (exit 2), an ``SsindexError`` one
-    line with its own exit code; anything else is a bug and keeps its traceback."""
-    # typer 0.28 vendors click: its exception classes live beside typer.BadParameter
-    click = sys.modules[typer.BadParameter.__module__]
-    try:
-        code = app(standalone_mode=False)
-    except SsindexError as exc:
-        _error(str(exc))
-        raise SystemExit(exc.exit_code) from None
-    except click.NoArgsIsHelpError as exc:  # bare ``ssindex``: its message is the help
-        print(exc.format_message())
-        raise SystemExit(exc.exit_code) from None
-    except click.UsageError as exc:
-        _error(exc.format_message())
-        if exc.ctx is not None:
-            err.print(f"hint: see '{exc.ctx.command_path} --help'", markup=False,
-                      highlight=False, soft_wrap=True)
-        raise SystemExit(exc.exit_code) from None
-    except click.ClickException as exc:
-        _error(exc.format_message())
-        raise SystemExit(exc.exit_code) from None
-    except typer.Abort:
-        _error("aborted")
-        raise SystemExit(1) from None
-    raise SystemExit(code if isinstance(code, int) else 0)
-
-
-def _error(message: str) -> None:
-    err.print(f"[red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
