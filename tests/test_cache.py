@@ -48,13 +48,19 @@ def test_a_second_worktree_embeds_only_what_is_new(tmp_path: Path, shared: Path)
     _git(repo, "init", "-q")
     _git(repo, "add", "-A")
     _git(repo, "commit", "-qm", "init")
-    first = cli_json("build", str(repo), "--no-progress")
+    config = tmp_path / "progressive.toml"  # both trees are large enough to build progressively
+    config.write_text("[commit]\nmin_files = 10\n", encoding="utf-8")
+    first = cli_json("build", str(repo), "--no-progress", "--config", str(config))
     assert first["chunks_embedded"] > 500 and first["chunks_from_cache"] == 0
+    assert first["first_commit_seconds"] < first["wall_seconds"]  # a lexical version first
 
     _git(repo, "worktree", "add", "-q", str(tmp_path / "worktree"))
     (tmp_path / "worktree" / "json" / "extra.py").write_text(
         "def worktree_only_function(a):\n    return a\n", encoding="utf-8")
-    second = cli_json("build", str(tmp_path / "worktree"), "--no-progress")
+    second = cli_json("build", str(tmp_path / "worktree"), "--no-progress", "--config",
+                      str(config))
+    # the cache holds the tree: one pass, no lexical version first (``pipeline.survey``)
+    assert second["first_commit_seconds"] == second["wall_seconds"]
     assert second["chunks_embedded"] <= 0.01 * second["chunks_total"]
     assert second["chunks_embedded"] >= 1  # the new function
     assert second["chunks_from_cache"] == first["chunks_embedded"]

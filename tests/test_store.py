@@ -14,15 +14,17 @@ def test_old_versions_manifests_are_pruned_but_pinned_and_recent_ones_kept(
     index = IndexDir(tmp_path / "index")
     index.ensure_writable()
     names = ["v1.arrow", "terms-v1.arrow", "postings-v1.arrow", "search-v1.arrow",
-             "v2.arrow", "search-v2.arrow", "v3.arrow", "search-v3.arrow",
+             "v2.arrow", "search-v2.arrow", "v3.arrow", "search-v3.arrow", "search-v4.arrow",
              "nonsense-abc.arrow"]
     for name in names:
         index.write_manifest(name, pa.table({"x": [1]}))
     hour_ago = time.time() - 7200
-    for name in names[:-3]:  # everything but version 3 and the model-keyed file is old
+    for name in ["v2.arrow", "search-v4.arrow"]:
         os.utime(index.path / "manifests" / name, (hour_ago, hour_ago))
     index.prune_manifests(keep={"v2.arrow", "search-v2.arrow"})
     left = sorted(p.name for p in (index.path / "manifests").iterdir())
+    # version 1 is older than every kept one: gone at once, however recent; version 4 is
+    # unknown and an hour old; version 3 unknown and recent; the model-keyed file stays
     assert left == ["nonsense-abc.arrow", "search-v2.arrow", "search-v3.arrow", "v2.arrow",
                     "v3.arrow"]
     assert index.read_manifest("search-v3.arrow", mmap=True).column("x").to_pylist() == [1]

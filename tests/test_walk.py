@@ -9,7 +9,7 @@ import pytest
 
 from ssindex.config import WalkConfig
 from ssindex.errors import ConfigError
-from ssindex.stages.walk import WalkStats, walk
+from ssindex.stages.walk import Rules, WalkStats, walk
 
 
 def _walk(root: Path, **cfg: object) -> tuple[list[str], WalkStats]:
@@ -40,6 +40,28 @@ def test_nested_gitignore_ssindexignore_and_deny_list(tmp_path: Path) -> None:
     assert files == ["a.py", "nested/generated/y.py", "src/keep.log", "src/main.py"]
     assert stats.skipped["ignored"] == 2  # b.log, src/secret.py
     assert stats.dirs_pruned["denied"] == 3 and stats.dirs_pruned["ignored"] == 2
+
+
+def test_rules_judge_one_path_as_the_walk_does(tmp_path: Path) -> None:
+    _write(tmp_path, ".gitignore", "*.log\n/generated/\n")
+    _write(tmp_path, "src/.gitignore", "secret.py\n!keep.log\n")
+    _write(tmp_path, ".ssindexignore", "docs/\n")
+    paths = ["a.py", "b.log", "generated/x.py", "src/main.py", "src/secret.py",
+             "src/keep.log", "docs/guide.md", "node_modules/lib/index.js",
+             ".venv/lib/site.py", "build/out.py", "nested/generated/y.py"]
+    for rel in paths:
+        _write(tmp_path, rel, "x = 1\n")
+    rules = Rules(tmp_path, WalkConfig(extra_ignores=("*.tmp",)))
+    walked = set(_walk(tmp_path)[0])
+    # .venv is pruned by its name here; the walk also prunes any directory with pyvenv.cfg
+    assert {rel for rel in paths if rules.indexable(rel)} == walked
+    assert not rules.indexable("x.tmp") and not rules.indexable(".git/index")
+    assert rules.indexable(".gitignore") and rules.indexable("src/.ssindexignore")
+    assert not rules.indexable("generated/.gitignore")  # inside an ignored directory
+    _write(tmp_path, ".gitignore", "*.log\n")
+    assert not rules.indexable("generated/x.py")  # read once, until forgotten
+    rules.forget()
+    assert rules.indexable("generated/x.py")
 
 
 def test_skips_are_counted_by_reason(tmp_path: Path) -> None:

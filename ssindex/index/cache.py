@@ -92,8 +92,9 @@ class VectorCache:
         self._broken = False
 
     # -- public -------------------------------------------------------------------------
-    def lookup(self, keys: list[str], dim: int) -> dict[str, np.ndarray]:
-        """The cached vectors of ``keys`` that are whole and ``dim`` wide; marks them used."""
+    def lookup(self, keys: list[str], dim: int, touch: bool = True) -> dict[str, np.ndarray]:
+        """The cached vectors of ``keys`` that are whole and ``dim`` wide; with ``touch``,
+        marks them used and counts them as hits (a survey's look does neither)."""
         found: dict[str, np.ndarray] = {}
         bad: list[str] = []
         with self._session("read") as db:
@@ -110,13 +111,13 @@ class VectorCache:
                     else:
                         found[key] = np.frombuffer(blob, dtype=np.float32).copy()
             now = time.time_ns()
-            hit = list(found)
+            hit = list(found) if touch else []
             for start in range(0, len(hit), _BATCH):
                 part = hit[start:start + _BATCH]
                 db.execute(f"UPDATE vectors SET used = ? WHERE key IN "
                            f"({','.join('?' * len(part))})", [now, *part])
             db.executemany("DELETE FROM vectors WHERE key = ?", [(key,) for key in bad])
-        self.stats.hits += len(found)
+        self.stats.hits += len(found) if touch else 0
         self.stats.rejected += len(bad)
         return found
 

@@ -188,12 +188,19 @@ class IndexDir:
         return name
 
     def prune_manifests(self, keep: set[str], min_age_s: float = 3600) -> None:
-        """Delete per-version manifests not named in ``keep`` once they are older than
-        ``min_age_s`` (as Lance keeps old versions an hour, for pinned readers)."""
+        """Delete per-version manifests not named in ``keep``: at once when their version
+        is older than every kept one (a reader maps a version's search files as it opens
+        it, ``Searcher``, and the versions kept are the current and the previous), else
+        once older than ``min_age_s``. Keeping every old version an hour let a watcher's
+        commits pile up gigabytes of search files."""
         cutoff = time.time() - min_age_s
+        kept = [int(found.group(1)) for name in keep if (found := _VERSIONED.fullmatch(name))]
+        oldest = min(kept, default=0)
         for path in (self.path / "manifests").glob("*.arrow"):
-            if (_VERSIONED.fullmatch(path.name) and path.name not in keep
-                    and path.stat().st_mtime < cutoff):
+            found = _VERSIONED.fullmatch(path.name)
+            if found is None or path.name in keep:
+                continue
+            if int(found.group(1)) < oldest or path.stat().st_mtime < cutoff:
                 path.unlink(missing_ok=True)
         # half-written files of builds that were killed (this one holds the build lock)
         for path in (self.path / "manifests").glob(".*.arrow.*"):

@@ -36,6 +36,7 @@ from ssindex.pipeline.previous import PreviousIndex, stale_reasons
 from ssindex.pipeline.progress import Progress, SilentProgress, Tracked
 from ssindex.pipeline.publication import Publisher
 from ssindex.pipeline.staging import Staging
+from ssindex.pipeline.survey import CACHED_ENOUGH, cached_share
 from ssindex.stages.walk import WalkStats, check_root, discover, walk
 
 
@@ -167,7 +168,9 @@ def _progressive(job: _Job, no_embed: bool, activity: Activity, started: Started
     previous = _previous(job.index, job.cfg, job.model, job.progress)
     progressive = job.cfg.commit.progressive and not no_embed and job.ray is None
     first: dict[str, Any] | None = None
-    if progressive and previous is None and _many_files(job):
+    first_build = progressive and previous is None and _many_files(job)
+    cached = first_build and _mostly_cached(job)
+    if first_build and not cached:
         first = _commit_once(job, None, True, Started(), None)
         job.progress.restart(f"searchable now: lexical version of {first['chunks_total']} "
                              f"chunks in {first['wall_seconds']:.1f} s; embedding them next")
@@ -180,7 +183,7 @@ def _progressive(job: _Job, no_embed: bool, activity: Activity, started: Started
             previous.chunks_reusable:
         publisher = Publisher(job.index, previous, job.cfg.commit.every_seconds,
                               job.cfg.commit.every_chunks)
-    result = _commit_once(job, previous, no_embed, Started(), publisher)
+    result = _commit_once(job, previous, no_embed, Started(), publisher, every_core=cached)
     if publisher is not None:
         publisher.finish()
     result["wall_seconds"] = round(time.perf_counter() - started.seconds, 3)
@@ -191,6 +194,13 @@ def _progressive(job: _Job, no_embed: bool, activity: Activity, started: Started
     return result
 
 
+def _mostly_cached(job: _Job) -> bool:
+    """Whether the shared vector cache holds most of the tree's vectors (``survey``): then
+    one pass with every core preparing files beats a progressive build's two."""
+    return job.cache is not None and cached_share(
+        job.root, job.index.path, job.cfg, job.model, job.cache) >= CACHED_ENOUGH
+
+
 def _many_files(job: _Job) -> bool:
     """Whether the tree has ``commit.min_files`` files to index (listed, not read)."""
     listed = discover(job.root, job.cfg.walk, WalkStats(), job.index.path)
@@ -199,12 +209,13 @@ def _many_files(job: _Job) -> bool:
 
 
 def _commit_once(job: _Job, previous: PreviousIndex | None, no_embed: bool, started: Started,
-                 publisher: Publisher | None) -> dict[str, Any]:
-    """Run the stages once and commit what they made."""
+                 publisher: Publisher | None, every_core: bool = False) -> dict[str, Any]:
+    """Run the stages once and commit what they made; ``every_core`` prepares files on
+    every core even though a model runs (it will embed little)."""
     # rows left without a vector make this build a rebuild (vectors reused by key),
     # written anew: it then equals a build that never left any
     diffed = previous is not None and (no_embed or previous.dense_coverage == 1.0)
-    plan, encoder, staging = _plan(job, previous, diffed, no_embed, publisher)
+    plan, encoder, staging = _plan(job, previous, diffed, no_embed, publisher, every_core)
     writer = TableWriter(job.index, previous.head if previous and diffed else None,
                          purge=previous is not None and _secrets_tightened(previous, job.cfg))
     outcome = _execute(plan, encoder, writer, previous, job.explicit, job.model, job.progress,
@@ -222,7 +233,8 @@ def _unembedded(previous: PreviousIndex | None, no_embed: bool) -> int:
 
 
 def _plan(job: _Job, previous: PreviousIndex | None, diffed: bool, no_embed: bool,
-          publisher: Publisher | None) -> tuple[BuildPlan, LazyEncoder, Staging]:
+          publisher: Publisher | None, every_core: bool = False,
+          ) -> tuple[BuildPlan, LazyEncoder, Staging]:
     """The build's plan, its encoder, and the staging area its checkpoints go to;
     ``diffed``: the build carries the previous index's chunks where it can."""
     cfg, model, explicit, ray = job.cfg, job.model, job.explicit, job.ray
@@ -241,7 +253,9 @@ def _plan(job: _Job, previous: PreviousIndex | None, diffed: bool, no_embed: boo
     if staging.load():
         job.progress.message("resuming: reusing vectors checkpointed by an interrupted build")
 
-    cache = job.cache
+    # a lexical pass stays lexical: it neither reads nor fills the cache (a version with
+    # every vector would need the model to calibrate abstention)
+    cache = None if no_embed else job.cache
 
     def reuse(keys: list[str]) -> dict[str, np.ndarray]:
         found = previous.vectors(keys) if previous else {}
@@ -263,7 +277,8 @@ def _plan(job: _Job, previous: PreviousIndex | None, diffed: bool, no_embed: boo
                      checkpoint=checkpoint,
                      on_change=None if no_embed else encoder.prepare,
                      workers=cfg.workers or default_workers(_gpu_embeds(explicit),
-                                                            embeds=not no_embed),
+                                                            embeds=not (no_embed or
+                                                                        every_core)),
                      embeds=not no_embed)
     return plan, encoder, staging
 

@@ -115,17 +115,34 @@ class Ranker:
         self._file_names: dict[int, tuple[set[str], set[str]]] = {}
         self._file_scales: dict[int, float] = {}
 
-    def warm(self) -> None:
+    def warm(self, like: Ranker | None = None) -> None:
         """Build the tables the rules read now, not on the first query that needs one,
-        and find every barrel (a search would otherwise test each new candidate)."""
+        and find every barrel (a search would otherwise test each new candidate). The
+        barrels of ``like``, a ranker of an earlier version, are taken by chunk id (an
+        id names its text): a server reopening after a one-file commit tests only the
+        new chunks."""
         for table in ("_newest", "_definitions", "_pieces", "_file_ids"):
             getattr(self, table)
+        known = like.barrels_by_id() if like is not None else {}
         modules = np.flatnonzero(self._modules)
+        ids = self.rows.column("id").take(pa.array(modules)).to_pylist()
+        unknown = []
+        for row, chunk_id in zip(modules.tolist(), ids, strict=True):
+            if chunk_id in known:
+                self._barrels[row] = known[chunk_id]
+            else:
+                unknown.append(row)
         text = self.rows.column("text")
-        for start in range(0, len(modules), 4096):
-            rows = modules[start:start + 4096]
-            for row, chunk in zip(rows.tolist(), text.take(rows).to_pylist(), strict=True):
+        for start in range(0, len(unknown), 4096):
+            rows = unknown[start:start + 4096]
+            for row, chunk in zip(rows, text.take(pa.array(rows)).to_pylist(), strict=True):
                 self._barrels[row] = is_barrel(chunk)
+
+    def barrels_by_id(self) -> dict[str, bool]:
+        """The barrel verdicts found so far, by chunk id."""
+        rows = list(self._barrels)
+        ids = self.rows.column("id").take(pa.array(rows, pa.int64())).to_pylist()
+        return dict(zip(ids, self._barrels.values(), strict=True))
 
     @cached_property
     def _files(self) -> tuple[list[int], list[str]]:

@@ -124,10 +124,9 @@ class Searcher:
         """``trust_remote_code`` lets the index's model run its own code, as its build
         had to (``ModelSpec``)."""
         self.index = IndexDir(resolve_index(index_path))
-        self.head, self.rows = self._pinned()
+        self.head, self.rows, postings = self._pinned()
         """The committed version, and every row of it: metadata, text and vector codes
         (memory-mapped)."""
-        self._checksums: dict[str, str] = self.head.data.get("checksums", {})
         self._backend_choice = backend
         self._trust_remote_code = trust_remote_code
         self._selection: Selection | None = None
@@ -138,27 +137,31 @@ class Searcher:
         self.row_filter = RowFilter(self.rows)
         self.excerpts = Excerpts(self.rows, self.row_filter)
         self._terms: TermStats | None = None
+        self._postings_table = postings
         self._postings: Postings | None = None
-        if self.dense.coverage < 1.0:  # a progressive build may remove them once it is done
-            self.postings  # noqa: B018 (maps the postings now)
 
-    def _pinned(self) -> tuple[Head, pa.Table]:
-        """The version ``HEAD.json`` names, and its snapshot. A progressive build removes
-        older partial snapshots as it commits (``ssindex.pipeline.publication``): one
-        gone between reading ``HEAD.json`` and opening it is read again at the new head."""
+    def _pinned(self) -> tuple[Head, pa.Table, pa.Table]:
+        """The version ``HEAD.json`` names, its snapshot and its postings, both mapped now:
+        a commit removes the files of versions older than the one it replaces, and a
+        progressive build older partial snapshots (``ssindex.pipeline.publication``), so
+        files gone between reading ``HEAD.json`` and opening them are read again at the
+        new head. A mapped file stays readable after it is removed."""
         while True:
             head = self.index.read_head()
             if head.data.get("search_files") != SEARCH_FILES_VERSION:
                 raise IndexCorrupt(f"the index at {self.index.path} has search files of "
                                    "another ssindex release: run `ssindex build` once more "
                                    "(nothing is re-embedded)")
-            snapshot = head.data["snapshot"]
+            names = [head.data["snapshot"], head.data["postings"]]
             try:
-                verify(self.index, head.data.get("checksums", {}), f"manifests/{snapshot}")
-                return head, self.index.read_manifest(snapshot, mmap=True)
+                for name in names:
+                    verify(self.index, head.data.get("checksums", {}), f"manifests/{name}")
+                snapshot, postings = (self.index.read_manifest(name, mmap=True)
+                                      for name in names)
+                return head, snapshot, postings
             except IndexCorrupt:
-                if (self.index.path / "manifests" / snapshot).is_file() or \
-                        self.index.read_head().data.get("snapshot") == snapshot:
+                if all((self.index.path / "manifests" / name).is_file() for name in names) \
+                        or self.index.read_head().data.get("snapshot") == names[0]:
                     raise
 
     # -- the legs -------------------------------------------------------------------------
@@ -186,22 +189,25 @@ class Searcher:
         return self.encoder.encode([query])[0]
 
     # -- public ---------------------------------------------------------------------------
-    def adopt_encoder(self, other: Searcher) -> None:
-        """Take ``other``'s loaded query encoder when it embeds for the same model and
-        settings (a server reopening a newer version saves loading it again)."""
+    def warm(self, like: Searcher | None = None) -> Searcher:
+        """Load everything a search needs now (query backend, vectors, postings, term
+        statistics), so that a long-lived searcher's first request is as fast as the rest.
+        ``like``, a searcher of an earlier version of this index, lends what still holds:
+        its loaded query encoder, when the model and its settings are the same, and its
+        ranking stage's findings for unchanged chunks (a server reopening after a commit)."""
+        if like is not None:
+            self._adopt_encoder(like)
+        self.search("warm up", k=1, abstain=False)
+        self.ranker.warm(like.ranker if like is not None else None)
+        self.term_stats  # noqa: B018 (loads the abstention statistics)
+        return self
+
+    def _adopt_encoder(self, other: Searcher) -> None:
         ours, theirs = self.head.data["model"], other.head.data["model"]
         if other._encoder is not None and self._backend_choice == other._backend_choice \
                 and (ours["fingerprint"], ours.get("key")) == (theirs["fingerprint"],
                                                                theirs.get("key")):
             self._encoder, self._selection = other._encoder, other._selection
-
-    def warm(self) -> Searcher:
-        """Load everything a search needs now (query backend, vectors, postings, term
-        statistics), so that a long-lived searcher's first request is as fast as the rest."""
-        self.search("warm up", k=1, abstain=False)
-        self.ranker.warm()
-        self.term_stats  # noqa: B018 (loads the abstention statistics)
-        return self
 
     def search(self, query: str, k: int = 10, mode: str = "hybrid", abstain: bool = True,
                explain: bool = False, filters: Filters | None = None, context: int = 0,
@@ -316,9 +322,7 @@ class Searcher:
     @property
     def postings(self) -> Postings:
         if self._postings is None:
-            verify(self.index, self._checksums, f"manifests/{self.head.data['postings']}")
-            self._postings = Postings.from_table(
-                self.index.read_manifest(self.head.data["postings"], mmap=True), len(self.rows))
+            self._postings = Postings.from_table(self._postings_table, len(self.rows))
         return self._postings
 
     @property

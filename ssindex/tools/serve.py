@@ -82,9 +82,7 @@ class WarmSearcher:
                 return
             with contextlib.redirect_stdout(sys.stderr):
                 fresh = Searcher(self.index_path, self.backend, self.trust_remote_code)
-                if self._searcher is not None:
-                    fresh.adopt_encoder(self._searcher)
-                fresh.warm()
+                fresh.warm(self._searcher)
             with self._lock:
                 self._searcher, self._head_stamp = fresh, stamp
 
