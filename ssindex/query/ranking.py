@@ -116,27 +116,21 @@ class Ranker:
         self._file_scales: dict[int, float] = {}
 
     def warm(self, like: Ranker | None = None) -> None:
-        """Build the tables the rules read now, not on the first query that needs one,
-        and find every barrel (a search would otherwise test each new candidate). The
-        barrels of ``like``, a ranker of an earlier version, are taken by chunk id (an
-        id names its text): a server reopening after a one-file commit tests only the
-        new chunks."""
+        """Build the tables the rules read now, not on a query's first need, and find
+        every barrel. Those of ``like``, an earlier version's ranker, are taken by chunk
+        id (an id names its text): a reopen after a one-file commit tests new chunks only."""
         for table in ("_newest", "_definitions", "_pieces", "_file_ids"):
             getattr(self, table)
         known = like.barrels_by_id() if like is not None else {}
-        modules = np.flatnonzero(self._modules)
-        ids = self.rows.column("id").take(pa.array(modules)).to_pylist()
-        unknown = []
-        for row, chunk_id in zip(modules.tolist(), ids, strict=True):
-            if chunk_id in known:
-                self._barrels[row] = known[chunk_id]
-            else:
-                unknown.append(row)
-        text = self.rows.column("text")
+        modules = np.flatnonzero(self._modules).tolist()
+        ids = self.rows.column("id").take(pa.array(modules, pa.int64())).to_pylist()
+        self._barrels.update((row, known[i]) for row, i in zip(modules, ids, strict=True)
+                             if i in known)
+        unknown = [row for row in modules if row not in self._barrels]
         for start in range(0, len(unknown), 4096):
             rows = unknown[start:start + 4096]
-            for row, chunk in zip(rows, text.take(pa.array(rows)).to_pylist(), strict=True):
-                self._barrels[row] = is_barrel(chunk)
+            chunks = self.rows.column("text").take(pa.array(rows, pa.int64())).to_pylist()
+            self._barrels.update(zip(rows, map(is_barrel, chunks), strict=True))
 
     def barrels_by_id(self) -> dict[str, bool]:
         """The barrel verdicts found so far, by chunk id."""
@@ -376,13 +370,9 @@ class Ranker:
         after it: a chunk that holds several small definitions carries only the first
         one's name in the symbol table. A substring test first: the pattern is slow."""
         pattern = definition_pattern(tuple(names))
-        text = self.rows.column("text")
-        found = set()
-        for row in rows:
-            chunk = text[row].as_py()
-            if any(name in chunk for name in names) and pattern.search(chunk):
-                found.add(row)
-        return found
+        chunks = self.rows.column("text").take(pa.array(rows, pa.int64())).to_pylist()
+        return {row for row, chunk in zip(rows, chunks, strict=True)
+                if any(name in chunk for name in names) and pattern.search(chunk)}
 
     def _diverse(self, adjusted: dict[int, float], limit: int,
                  ) -> tuple[Ranking, dict[int, float]]:

@@ -161,9 +161,9 @@ class Watcher:
     # -- the three steps ----------------------------------------------------------------
     def _listen(self) -> None:
         """Step 1, on its own thread: hand each relevant change to ``_pending``."""
-        import watchfiles
-
         try:
+            import watchfiles  # a missing module fails the watch, not just this thread
+
             for changes in watchfiles.watch(self.root, watch_filter=None,
                                             debounce=_MAX_GROUPING_MS, step=_STEP_MS,
                                             stop_event=self._stop, raise_interrupt=False,
