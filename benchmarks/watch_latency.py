@@ -60,9 +60,10 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-_WORDS = ("harbor lantern meadow quiver saddle thimble velvet walnut anchor bramble cobalt "
-          "dapple ember falcon garnet hazel indigo juniper kestrel lagoon marble nectar "
-          "orchid pebble quartz russet sable tundra umber willow").split()
+_WORDS = ["harbor", "lantern", "meadow", "quiver", "saddle", "thimble", "velvet", "walnut",
+          "anchor", "bramble", "cobalt", "dapple", "ember", "falcon", "garnet", "hazel",
+          "indigo", "juniper", "kestrel", "lagoon", "marble", "nectar", "orchid", "pebble",
+          "quartz", "russet", "sable", "tundra", "umber", "willow"]
 
 
 def _name(seed: object) -> str:

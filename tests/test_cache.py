@@ -12,13 +12,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from ssindex.backends.model import ModelSpec
 from ssindex.codec import stored_vectors
+from ssindex.config import ChunkConfig
 from ssindex.index.cache import FILE_NAME, VectorCache
 from ssindex.index.layout import IndexDir
 from ssindex.index.table import scan
+from ssindex.records import SourceFile
+from ssindex.stages.chunk import chunk_file
+from ssindex.stages.embed import ModelWindow, embed_key
+from ssindex.stages.walk import content_hash
 from ssindex.util.dirs import cache_dir
 
-from .conftest import cli_json, copy_stdlib, run_cli
+from .conftest import STDLIB, cli_json, copy_stdlib, run_cli
 
 
 @pytest.fixture
@@ -53,6 +59,9 @@ def test_a_second_worktree_embeds_only_what_is_new(tmp_path: Path, shared: Path)
     first = cli_json("build", str(repo), "--no-progress", "--config", str(config))
     assert first["chunks_embedded"] > 500 and first["chunks_from_cache"] == 0
     assert first["first_commit_seconds"] < first["wall_seconds"]  # a lexical version first
+    with sqlite3.connect(shared) as db:  # what the chunker measured to fit, for next time
+        assert db.execute("SELECT count(*) FROM fits").fetchone()[0] >= 0.9 * first[
+            "chunks_embedded"]
 
     _git(repo, "worktree", "add", "-q", str(tmp_path / "worktree"))
     (tmp_path / "worktree" / "json" / "extra.py").write_text(
@@ -115,8 +124,12 @@ def test_the_cache_keeps_within_its_bound(tmp_path: Path, shared: Path) -> None:
         pages = db.execute("PRAGMA page_count").fetchone()[0]
         free = db.execute("PRAGMA freelist_count").fetchone()[0]
         page_size = db.execute("PRAGMA page_size").fetchone()[0]
+        fits = db.execute("SELECT count(*) FROM fits").fetchone()[0]
+        orphans = db.execute("SELECT count(*) FROM fits WHERE key NOT IN "
+                             "(SELECT key FROM vectors)").fetchone()[0]
     assert 0 < entries < built["chunks_embedded"]  # the oldest went
     assert payload <= 1024 * 1024
+    assert fits > 0 and orphans <= 0.05 * entries  # a fit goes with its vector
     assert (pages - free) * page_size <= 1024 * 1024 + 64 * page_size
     assert pages * page_size <= 1.5 * 1024 * 1024  # freed pages went back to the disk
 
@@ -160,3 +173,28 @@ def test_vector_cache_rejects_what_it_cannot_trust(tmp_path: Path) -> None:
     assert set(fresh.lookup(["x"], 8)) == {"x"}
     assert len(notices) == 1 and "damaged" in notices[0]
     assert Path(f"{damaged}.damaged").read_bytes().startswith(b"not a database")
+
+
+def test_a_chunk_the_cache_knows_to_fit_is_not_tokenized_again(tmp_path: Path) -> None:
+    model = ModelSpec.resolve(None)
+    text = (STDLIB / "json" / "decoder.py").read_text()
+    source = SourceFile("json/decoder.py", "python", text, len(text), 0,
+                        content_hash(text.encode()))
+    measured = ModelWindow(model)
+    chunks, _ = chunk_file(source, ChunkConfig(), measured)
+
+    cache = VectorCache(64, tmp_path / "v.sqlite3")
+    keys = [embed_key(chunk, model.key) for chunk in chunks]
+    cache.store_fits(keys[::2])
+    known = ModelWindow(model, cache.fitting)
+    again, _ = chunk_file(source, ChunkConfig(), known)
+    assert again == chunks  # the same chunks, whatever the window learned from the cache
+    tokens = known.tokens(chunks)
+    assert all(found is None for found in tokens[::2])  # never tokenized
+    assert [None if found is None else found.ids.tolist() for found in tokens[1::2]] == [
+        found.ids.tolist() for found in measured.measure(chunks[1::2])]
+    assert known.fits(chunks) == [True] * len(chunks)
+    forgetful = ModelWindow(model, cache.fitting)
+    forgetful.REMEMBERED = 4  # forgets what it measured (and knew) as it goes
+    assert [found is None for found in forgetful.tokens(chunks)] == [
+        i % 2 == 0 for i in range(len(chunks))]

@@ -52,10 +52,12 @@ CREATE TABLE IF NOT EXISTS vectors (
     used INTEGER NOT NULL
 );
 CREATE INDEX IF NOT EXISTS vectors_by_use ON vectors (used);
+CREATE TABLE IF NOT EXISTS fits (key TEXT PRIMARY KEY) WITHOUT ROWID;
 """
 """A rowid table on 8 KiB pages: 1.7 KB a 384-wide vector on disk. A ``WITHOUT ROWID``
 table (rows in the key's B-tree) took 4.7 KB on 4 KiB pages and wrote 5x slower: its
-rows overflow at this size."""
+rows overflow at this size. ``fits`` holds the keys whose text a build measured to fit
+the model's window (``stages.embed.ModelWindow``), while their vector is cached."""
 _PAGE_SIZE = 8192
 
 
@@ -82,8 +84,12 @@ class VectorCache:
     """Float32 vectors by embed key, shared by every build on this machine."""
 
     def __init__(self, max_mb: int, path: Path | None = None,
-                 warn: Callable[[str], None] = lambda message: None) -> None:
+                 warn: Callable[[str], None] = lambda message: None,
+                 readonly: bool = False) -> None:
+        """``readonly``: a reader of a cache the build's own process keeps (a worker
+        process); it never changes the file, nor sets a damaged one aside."""
         self.path = path or cache_dir() / FILE_NAME
+        self.readonly = readonly
         self.max_bytes = max_mb * 1024 * 1024
         self.stats = CacheStats()
         self._warn = warn
@@ -138,6 +144,27 @@ class VectorCache:
             self.stats.stored += len(rows)
             self._evict(db)
 
+    def fitting(self, keys: list[str]) -> set[str]:
+        """Those of ``keys`` whose text a build measured to fit the model's window."""
+        found: set[str] = set()
+        with self._session("read") as db:
+            if db is None:
+                return found
+            for start in range(0, len(keys), _BATCH):
+                part = keys[start:start + _BATCH]
+                found.update(key for (key,) in db.execute(
+                    f"SELECT key FROM fits WHERE key IN ({','.join('?' * len(part))})", part))
+        return found
+
+    def store_fits(self, keys: list[str]) -> None:
+        """Remember that the texts of ``keys`` fit the model's window."""
+        if not keys:
+            return
+        with self._session("write") as db:
+            if db is not None:
+                db.executemany("INSERT OR IGNORE INTO fits (key) VALUES (?)",
+                               [(key,) for key in keys])
+
     def close(self) -> None:
         with self._lock:
             if self._db is not None:
@@ -165,7 +192,11 @@ class VectorCache:
         if self._db is None:
             try:
                 self._db = self._open()
-            except sqlite3.DatabaseError:  # not a database, or a damaged one: start afresh
+            except sqlite3.DatabaseError as exc:
+                if self.readonly:
+                    self._give_up(f"could not open it: {exc}")
+                    return None
+                # not a database, or a damaged one: start afresh
                 self._set_aside()
                 try:
                     self._db = self._open()
@@ -176,6 +207,9 @@ class VectorCache:
         return self._db
 
     def _open(self) -> sqlite3.Connection:
+        if self.readonly:
+            return sqlite3.connect(f"{self.path.as_uri()}?mode=ro", uri=True,
+                                   timeout=_LOCK_TIMEOUT_S, check_same_thread=False)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         db = sqlite3.connect(self.path, timeout=_LOCK_TIMEOUT_S, isolation_level=None,
                              check_same_thread=False)
@@ -221,6 +255,7 @@ class VectorCache:
         drop = count - int(count * _EVICT_TO * self.max_bytes / used)
         db.execute("DELETE FROM vectors WHERE rowid IN (SELECT rowid FROM vectors "
                    "ORDER BY used LIMIT ?)", (drop,))
+        db.execute("DELETE FROM fits WHERE key NOT IN (SELECT key FROM vectors)")
         # the pragma frees one page per step, and only ``executescript`` steps it to the
         # end (it commits the transaction first, evictions included)
         db.executescript("PRAGMA incremental_vacuum;")

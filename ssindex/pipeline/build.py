@@ -275,6 +275,8 @@ def _plan(job: _Job, previous: PreviousIndex | None, diffed: bool, no_embed: boo
         publisher.seed(staging)
     plan = BuildPlan(job.root, job.index.path, cfg, encoder, model, model_key, reuse, reusable,
                      checkpoint=checkpoint,
+                     fitted=None if cache is None else cache.store_fits,
+                     cache_path=None if job.cache is None else job.cache.path,
                      on_change=None if no_embed else encoder.prepare,
                      workers=cfg.workers or default_workers(_gpu_embeds(explicit),
                                                             embeds=not (no_embed or

@@ -41,6 +41,10 @@ class BuildPlan:
     what the changes reach."""
     checkpoint: Callable[[list[str], np.ndarray], None] | None = None
     """Receives freshly embedded vectors as they are made."""
+    fitted: Callable[[list[str]], None] | None = None
+    """Receives the embed keys of chunks measured to fit the model's window."""
+    cache_path: Path | None = None
+    """The shared vector cache, whose record of what fits spares the chunker tokenizing."""
     on_change: Callable[[], None] | None = None
     """Called when an incremental build meets its first new or changed file."""
     batch_chunks: int = 256

@@ -33,7 +33,7 @@ def cached_share(root: Path, exclude: Path, cfg: BuildConfig, model: ModelSpec,
     listed = list(itertools.islice(discover(root, cfg.walk, WalkStats(), exclude),
                                    _LISTED_AT_MOST))
     step = max(1, len(listed) // SAMPLE_FILES)
-    window = ModelWindow(model)
+    window = ModelWindow(model, cache.fitting)
     keys: list[str] = []
     for candidate in listed[::step][:SAMPLE_FILES]:
         source = read(candidate, cfg.walk, WalkStats(), {})

@@ -40,7 +40,7 @@ from typing import Any, Protocol
 import xxhash
 
 from ssindex.config import ChunkConfig
-from ssindex.records import Chunk, IndexedChunk, SourceFile, Tokens
+from ssindex.records import Chunk, IndexedChunk, SourceFile
 from ssindex.stages.symbols import definition, sole_definition
 from ssindex.text.languages import AST_LANGUAGES
 
@@ -86,8 +86,8 @@ class Window(Protocol):
     limit: int
     """The tokens a chunk's own text may take (the prompt and special tokens aside)."""
 
-    def measure(self, chunks: list[Chunk]) -> list[Tokens]:
-        """Each chunk's embedding text as the model's tokenizer cuts it."""
+    def fits(self, chunks: list[Chunk]) -> list[bool]:
+        """Whether each chunk's embedding text fits in the window."""
         ...
 
     def line_tokens(self, rows: list[str]) -> list[int]: ...
@@ -172,7 +172,7 @@ def chunk_file(source: SourceFile, cfg: ChunkConfig, window: Window | None = Non
     chunks = [_to_chunk(source, lines, s) for s in spans]
     if window is None:
         return chunks, chunker
-    long = [s for s, t in zip(spans, window.measure(chunks), strict=True) if t.truncated]
+    long = [s for s, fit in zip(spans, window.fits(chunks), strict=True) if not fit]
     if not long:
         return chunks, chunker
     # tokens are counted only in the rows of chunks too long (12% of the standard
@@ -200,8 +200,7 @@ def _fit(source: SourceFile, lines: _Lines, spans: list[_Span], window: Window,
          ) -> list[_Span]:
     """``spans`` with each one whose embedding text still overflows the window (a long
     statement kept whole, tokens across line ends) cut into line windows."""
-    fits = [not t.truncated for t in window.measure([_to_chunk(source, lines, s)
-                                                      for s in spans])]
+    fits = window.fits([_to_chunk(source, lines, s) for s in spans])
     if all(fits):
         return spans
     cut: list[_Span] = []
@@ -230,9 +229,8 @@ def _token_windows(source: SourceFile, lines: _Lines, span: _Span, window: Windo
         start = piece.start
         while start <= piece.end:
             end = piece.end
-            while end > start and window.measure(
-                    [_to_chunk(source, lines, _Span(start, end, span.symbol, span.kind))]
-            )[0].truncated:
+            while end > start and not window.fits(
+                    [_to_chunk(source, lines, _Span(start, end, span.symbol, span.kind))])[0]:
                 end -= 1
             fitted.append(_Span(start, end, span.symbol, span.kind))
             start = end + 1

@@ -61,38 +61,78 @@ def embedding_text(chunk: Chunk) -> str:
 class ModelWindow:
     """The window chunks are cut to: what the model reads of a document's embedding
     text. It remembers the tokens it measured, so that the chunks of a file are
-    tokenized once, by the chunker, and the embed stage takes them from here."""
+    tokenized once, by the chunker, and the embed stage takes them from here.
+
+    ``fitting`` (``VectorCache.fitting``) names the embed keys whose text an earlier
+    build measured to fit: those are not tokenized again. A second worktree spent most
+    of its build tokenizing chunks only to learn that they fit, for vectors the shared
+    cache already held."""
 
     REMEMBERED = 4096
     """Texts whose tokens are kept (the chunks of a file or a few)."""
 
-    def __init__(self, model: ModelSpec) -> None:
+    def __init__(self, model: ModelSpec,
+                 fitting: Callable[[list[str]], set[str]] | None = None) -> None:
         self._tokenizer = model.tokenizer()
         self._prompt = model.prompt("document")
         prompt = self._tokenizer.encode(self._prompt, add_special_tokens=False).ids \
             if self._prompt else []
         special = self._tokenizer.num_special_tokens_to_add(False)
         self.limit = max(1, model.window - special - len(prompt))
+        self._model_key = model.key
+        self._fitting = fitting
         self._known: dict[str, Tokens] = {}
+        self._fit: set[str] = set()
 
     def measure(self, chunks: list[Chunk]) -> list[Tokens]:
+        """Each chunk's embedding text as the model's tokenizer cuts it."""
+        return self._measure([embedding_text(c) for c in chunks])
+
+    def fits(self, chunks: list[Chunk]) -> list[bool]:
+        """Whether each chunk's embedding text fits the window."""
+        return [tokens is None or not tokens.truncated for tokens in self.tokens(chunks)]
+
+    def tokens(self, chunks: list[Chunk]) -> list[Tokens | None]:
+        """Each chunk's tokens, measured once; ``None`` for a text the cache knows to fit
+        (its vector is cached, so no tokens are needed)."""
         texts = [embedding_text(c) for c in chunks]
-        unique = list(dict.fromkeys(texts))
-        if len(self._known) + len(unique) > self.REMEMBERED:
-            self._known.clear()
-        missing = [text for text in unique if text not in self._known]
-        measured = tokenized(self._tokenizer, missing, self._prompt) if missing else []
-        self._known.update(zip(missing, measured, strict=True))
-        return [self._known[text] for text in texts]
+        fit = self._known_to_fit(texts)
+        fits = [text in fit for text in texts]  # before measuring, which may forget ``fit``
+        measured = iter(self._measure([text for text, f in zip(texts, fits, strict=True)
+                                       if not f]))
+        return [None if f else next(measured) for f in fits]
 
     def line_tokens(self, rows: list[str]) -> list[int]:
         encodings = self._tokenizer.encode_batch(rows, add_special_tokens=False)
         return [len(e.ids) for e in encodings]
 
+    def _known_to_fit(self, texts: list[str]) -> set[str]:
+        if self._fitting is None:
+            return set()
+        keys = {_text_key(self._model_key, text): text for text in dict.fromkeys(texts)
+                if text not in self._known and text not in self._fit}
+        if keys:
+            self._fit.update(keys[key] for key in self._fitting(list(keys)))
+        return self._fit
+
+    def _measure(self, texts: list[str]) -> list[Tokens]:
+        unique = list(dict.fromkeys(texts))
+        if len(self._known) + len(unique) > self.REMEMBERED:
+            self._known.clear()
+            self._fit.clear()
+        missing = [text for text in unique if text not in self._known]
+        measured = tokenized(self._tokenizer, missing, self._prompt) if missing else []
+        self._known.update(zip(missing, measured, strict=True))
+        return [self._known[text] for text in texts]
+
 
 def embed_key(chunk: Chunk, model_key: str) -> str:
     """Identity of a vector: model, its settings, and the exact text embedded."""
-    return xxhash.xxh3_128_hexdigest(f"{model_key}\0{embedding_text(chunk)}".encode())
+    return _text_key(model_key, embedding_text(chunk))
+
+
+def _text_key(model_key: str, text: str) -> str:
+    return xxhash.xxh3_128_hexdigest(f"{model_key}\0{text}".encode())
 
 
 def embed(
@@ -102,9 +142,11 @@ def embed(
     stats: EmbedStats,
     reuse: Reuse | None = None,
     checkpoint: Callable[[list[str], np.ndarray], None] | None = None,
+    fitted: Callable[[list[str]], None] | None = None,
 ) -> Iterator[list[IndexedChunk]]:
     """Give every chunk a vector; duplicates get their exemplar's. ``checkpoint``
-    receives each batch of freshly computed vectors (for resuming a killed build).
+    receives each batch of freshly computed vectors (for resuming a killed build),
+    ``fitted`` the keys of the chunks whose tokens show that they fit the window.
     Without an ``encoder``, only reused vectors are given."""
     exemplar_vectors: dict[str, np.ndarray | None] = {}
     for batch in batches:
@@ -125,6 +167,9 @@ def embed(
             exemplar_vectors[row.chunk.id] = row.vector
         stats.embedded += len(missing)
         stats.reused += sum(key in found for key in keys)
+        if fitted is not None:
+            fitted([key for row, key in zip(fresh, keys, strict=True)
+                    if row.tokens is not None and not row.tokens.truncated])
         for row in batch:
             row.tokens = None
             if row.dup_of is not None:

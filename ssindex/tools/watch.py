@@ -39,11 +39,14 @@ from ssindex.index.layout import default_index_path
 from ssindex.pipeline.build import Warm, build
 from ssindex.stages.walk import IGNORE_FILES, Rules, check_root
 
-DEBOUNCE_MS = 100
-"""Quiet time after the last event before a build starts."""
+DEBOUNCE_MS = 50
+"""Quiet time after the last event before a build starts. watchfiles hands a group of
+events over once ``_STEP_MS`` passed without one, so a build waits 70 ms of quiet in all:
+an editor's save (a temp file renamed, or a truncate and a write) is over in far less."""
 _MAX_GROUPING_MS = 5_000
 """watchfiles hands events over at the latest after this long, even while they keep coming."""
-_STEP_MS = 50
+_STEP_MS = 20
+"""How long watchfiles waits for another event before it hands a group over."""
 
 
 def polite(threads: int, nice: int) -> None:

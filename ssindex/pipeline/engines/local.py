@@ -79,7 +79,8 @@ def run_local(plan: BuildPlan, stats: RunStats, progress: Progress) -> Iterator[
     handed = clock.timed("wait", _prefetch(_produce(plan, stats, progress), depth=8), None)
     encoder = plan.encoder if plan.embeds else None
     embedded = clock.timed("embed", embed(handed, encoder, plan.model_key, stats.embed,
-                                          plan.reuse, plan.checkpoint), "wait")
+                                          plan.reuse, plan.checkpoint,
+                                                plan.fitted), "wait")
     for batch, codes, scales in clock.timed("quantize", quantize(embedded,
                                                                  plan.config.quantization),
                                             "embed"):
@@ -135,7 +136,8 @@ def _produce(plan: BuildPlan, stats: RunStats, progress: Progress,
 def _chunked(plan: BuildPlan, candidates: Iterable[Candidate], stats: RunStats,
              progress: Progress) -> Iterator[tuple[SourceFile, list[IndexedChunk]]]:
     """A clean build's files read, chunked and prepared (``engines.pool``)."""
-    preparation = Preparation(plan.config, plan.model, plan.model_key, tokenize=plan.embeds)
+    preparation = Preparation(plan.config, plan.model, plan.model_key, tokenize=plan.embeds,
+                              cache_path=plan.cache_path)
     for source, chunker, rows in prepared(candidates, preparation, plan.workers, stats.walk):
         progress.advance("walk")
         if source is None:

@@ -27,11 +27,13 @@ from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import NamedTuple
 
 from ssindex.backends.model import ModelSpec
 from ssindex.config import BuildConfig
 from ssindex.errors import WorkerLost
+from ssindex.index.cache import VectorCache
 from ssindex.records import IndexedChunk, SourceFile
 from ssindex.stages.chunk import chunk_file
 from ssindex.stages.dedupe import Signer
@@ -66,6 +68,8 @@ class Preparation:
     tokenize: bool = True
     """Whether prepared chunks keep their tokens: not for a build that embeds nothing
     (``--no-embed``)."""
+    cache_path: Path | None = None
+    """The shared vector cache: chunks it knows to fit the window are not tokenized."""
 
 
 class Preparer:
@@ -77,7 +81,9 @@ class Preparer:
     def __init__(self, preparation: Preparation) -> None:
         self._preparation = preparation
         self._sign = Signer(preparation.config.dedupe)
-        self._window = ModelWindow(preparation.model)
+        cache = None if preparation.cache_path is None else VectorCache(
+            0, preparation.cache_path, readonly=True)
+        self._window = ModelWindow(preparation.model, cache.fitting if cache else None)
 
     def __call__(self, candidate: Candidate, stats: WalkStats) -> Prepared:
         cfg = self._preparation.config
@@ -88,7 +94,7 @@ class Preparer:
         rows = [IndexedChunk(c, signature=self._sign(c.text), terms=lexical_terms(c),
                              key=embed_key(c, self._preparation.model_key)) for c in chunks]
         if self._preparation.tokenize and rows:  # measured by the chunker: not tokenized again
-            for row, tokens in zip(rows, self._window.measure(chunks), strict=True):
+            for row, tokens in zip(rows, self._window.tokens(chunks), strict=True):
                 row.tokens = tokens
         # the text lives on in the chunks; the driver needs only the file's stamp
         return Prepared(replace(source, text=""), chunker, rows)
