@@ -42,7 +42,6 @@ from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from ssindex.query.conventions import (
     ASKS,
@@ -53,6 +52,7 @@ from ssindex.query.conventions import (
     file_kinds,
     identifiers,
     is_barrel,
+    last_part,
     newest_versions,
     prefixes,
     split_name,
@@ -141,8 +141,9 @@ class Ranker:
     @cached_property
     def _files(self) -> tuple[list[int], list[str]]:
         """Each row's file number, and the files' paths."""
-        paths = self.rows.column("path").combine_chunks().dictionary_encode()
-        return paths.indices.to_numpy().tolist(), paths.dictionary.to_pylist()
+        numbers: dict[str, int] = {}
+        files = [numbers.setdefault(p, len(numbers)) for p in self.rows.column("path").to_pylist()]
+        return files, list(numbers)
 
     @cached_property
     def _newest(self) -> dict[str, int]:
@@ -180,20 +181,16 @@ class Ranker:
         return self._file_names[file]
 
     @cached_property
-    def _definitions(self) -> tuple[dict[str, list[int]], list[str], np.ndarray, np.ndarray]:
-        """Names' numbers by the name lower-cased, the names (symbols' last parts), the
-        rows defining one, and each one's name's number. In Arrow: a reopen builds it."""
-        defining = pc.and_(pc.is_in(self.rows.column("kind"), pa.array(list(DEFINITION_KINDS))),
-                           pc.fill_null(pc.not_equal(self.rows.column("symbol"), ""), False))
-        rows = np.flatnonzero(defining.to_numpy(zero_copy_only=False))
-        symbols = pc.replace_substring(self.rows.column("symbol").take(rows), "::", ".")
-        names = pc.struct_field(pc.extract_regex(symbols, r"(?P<last>[^.]*)$"), [0])
-        encoded = names.combine_chunks().dictionary_encode()
-        parts = encoded.dictionary.to_pylist()
-        by_lower: dict[str, list[int]] = defaultdict(list)
-        for number, part in enumerate(parts):
-            by_lower[part.lower()].append(number)
-        return by_lower, parts, rows, encoded.indices.to_numpy()
+    def _definitions(self) -> dict[str, list[tuple[int, str]]]:
+        """Rows that define a name, with the name's last part, by that part lower-cased."""
+        table: dict[str, list[tuple[int, str]]] = defaultdict(list)
+        for row, (symbol, kind) in enumerate(zip(self.rows.column("symbol").to_pylist(),
+                                                 self.rows.column("kind").to_pylist(),
+                                                 strict=True)):
+            if symbol and kind in DEFINITION_KINDS:
+                name = last_part(symbol)
+                table[name.lower()].append((row, name))
+        return table
 
     def rank(self, query: str, fused: Ranking, limit: int, allowed: np.ndarray | None = None,
              selected: Set[str] = frozenset(), reference: Evidence | None = None,
@@ -332,9 +329,13 @@ class Ranker:
     def _pieces(self) -> np.ndarray:
         """Which definition each chunk is a piece of, numbered: its symbol's number
         (module-level chunks are each their own)."""
-        symbols = pc.fill_null(self.rows.column("symbol"), "").combine_chunks().dictionary_encode()
-        numbers = symbols.indices.to_numpy().astype(np.int64)
-        return np.where(self._modules, len(symbols.dictionary) + np.arange(len(numbers)), numbers)
+        numbers: dict[str, int] = {}
+        kinds = self.rows.column("kind").to_pylist()
+        return np.array([numbers.setdefault(f"\0{row}" if kind == "module" else symbol or "",
+                                            len(numbers))
+                         for row, (symbol, kind) in enumerate(
+                             zip(self.rows.column("symbol").to_pylist(), kinds, strict=True))],
+                        np.int64)
 
     @cached_property
     def _file_ids(self) -> np.ndarray:
@@ -344,7 +345,8 @@ class Ranker:
     @cached_property
     def _modules(self) -> np.ndarray:
         """Whether each row is a module-level chunk: the only kind a barrel can be."""
-        return pc.fill_null(pc.equal(self.rows.column("kind"), "module"), False).to_numpy()
+        return np.array([kind == "module" for kind in self.rows.column("kind").to_pylist()],
+                        bool)
 
     def _barrel(self, row: int) -> bool:
         if not self._modules[row]:
@@ -356,11 +358,9 @@ class Ranker:
     def _defines(self, names: list[str], strength: float) -> dict[int, float]:
         """Rows the symbol table says define one of ``names``, each with its boost: less
         when the case differs (``deserialize`` for ``Deserialize``)."""
-        by_lower, parts, rows, numbers = self._definitions
         boosts: dict[int, float] = {}
         for name in names:
-            for row, defined in sorted((int(rows[at]), parts[number]) for number in by_lower.get(
-                    name.lower(), ()) for at in np.flatnonzero(numbers == number)):
+            for row, defined in self._definitions.get(name.lower(), []):
                 boost = strength * (1.0 if defined == name else CASE_MISMATCH)
                 boosts[row] = max(boosts.get(row, 0.0), boost)
         return boosts
@@ -369,9 +369,9 @@ class Ranker:
         """Of ``rows``, those whose text defines one of ``names`` without being named
         after it: a chunk that holds several small definitions carries only the first
         one's name in the symbol table. A substring test first: the pattern is slow."""
-        pattern = definition_pattern(tuple(names))
-        chunks = self.rows.column("text").take(pa.array(rows, pa.int64())).to_pylist()
-        return {row for row, chunk in zip(rows, chunks, strict=True)
+        pattern, text = definition_pattern(tuple(names)), self.rows.column("text")
+        chunks = ((row, text[row].as_py()) for row in rows)  # not ``take``: it loads pandas
+        return {row for row, chunk in chunks
                 if any(name in chunk for name in names) and pattern.search(chunk)}
 
     def _diverse(self, adjusted: dict[int, float], limit: int,
