@@ -37,6 +37,10 @@ NoCacheOpt = Annotated[bool, typer.Option(
     "--no-shared-cache", help="Neither take vectors from nor add them to this machine's "
     "shared vector cache.")]
 
+DEBOUNCE_MS = 50
+"""The default ``--debounce``: after watchfiles' own 20 ms of quiet (``tools.watch``), a build
+waits 70 ms in all; an editor's save (a temp file renamed, or a truncate and a write) is over
+in far less."""
 DebounceOpt = Annotated[int, typer.Option(
     "--debounce", min=0, help="Quiet time in ms after the last change before a build.")]
 RootOpt = Annotated[Path | None, typer.Option(

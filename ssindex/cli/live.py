@@ -9,6 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from ssindex.cli.app import (
+    DEBOUNCE_MS,
     BackendOpt,
     ConfigOpt,
     DebounceOpt,
@@ -31,7 +32,8 @@ def serve(index: IndexOpt = None, backend: BackendOpt = None,
           watch: Annotated[bool, typer.Option(
               "--watch", help="Keep the index current as files change (ssindex watch on a "
               "thread of the server).")] = False,
-          root: RootOpt = None, config: ConfigOpt = None, debounce: DebounceOpt = 50,
+          root: RootOpt = None, config: ConfigOpt = None,
+          debounce: DebounceOpt = DEBOUNCE_MS,
           no_shared_cache: NoCacheOpt = False) -> None:
     """Serve an index to coding agents: an MCP server over stdio (needs ssindex[serve])."""
     from ssindex.backends.names import parse_overrides
@@ -69,7 +71,7 @@ def watch(
     path: Annotated[Path, typer.Argument(help="Directory to keep indexed.")] = Path("."),
     index: IndexOpt = None, config: ConfigOpt = None, model: ModelOpt = None,
     dims: DimsOpt = None, trust_remote_code: TrustOpt = False, backend: BackendOpt = None,
-    debounce: DebounceOpt = 50,
+    debounce: DebounceOpt = DEBOUNCE_MS,
     threads: Annotated[int | None, typer.Option(
         "--threads", min=1, help="Threads the model may use (default: half the cores).")] = None,
     nice: Annotated[int, typer.Option(

@@ -89,7 +89,7 @@ class VectorCache:
         """``readonly``: a reader of a cache the build's own process keeps (a worker
         process); it never changes the file, nor sets a damaged one aside."""
         self.path = path or cache_dir() / FILE_NAME
-        self.readonly = readonly
+        self._readonly = readonly
         self.max_bytes = max_mb * 1024 * 1024
         self.stats = CacheStats()
         self._warn = warn
@@ -193,7 +193,7 @@ class VectorCache:
             try:
                 self._db = self._open()
             except sqlite3.DatabaseError as exc:
-                if self.readonly:
+                if self._readonly:
                     self._give_up(f"could not open it: {exc}")
                     return None
                 # not a database, or a damaged one: start afresh
@@ -207,7 +207,7 @@ class VectorCache:
         return self._db
 
     def _open(self) -> sqlite3.Connection:
-        if self.readonly:
+        if self._readonly:
             return sqlite3.connect(f"{self.path.as_uri()}?mode=ro", uri=True,
                                    timeout=_LOCK_TIMEOUT_S, check_same_thread=False)
         self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -97,7 +97,7 @@ class ModelWindow:
         (its vector is cached, so no tokens are needed)."""
         texts = [embedding_text(c) for c in chunks]
         fit = self._known_to_fit(texts)
-        fits = [text in fit for text in texts]  # before measuring, which may forget ``fit``
+        fits = [text in fit for text in texts]
         measured = iter(self._measure([text for text, f in zip(texts, fits, strict=True)
                                        if not f]))
         return [None if f else next(measured) for f in fits]
@@ -109,6 +109,8 @@ class ModelWindow:
     def _known_to_fit(self, texts: list[str]) -> set[str]:
         if self._fitting is None:
             return set()
+        if len(self._fit) > self.REMEMBERED:  # a worktree's every text would stay in memory
+            self._fit.clear()
         keys = {_text_key(self._model_key, text): text for text in dict.fromkeys(texts)
                 if text not in self._known and text not in self._fit}
         if keys:
@@ -119,7 +121,6 @@ class ModelWindow:
         unique = list(dict.fromkeys(texts))
         if len(self._known) + len(unique) > self.REMEMBERED:
             self._known.clear()
-            self._fit.clear()
         missing = [text for text in unique if text not in self._known]
         measured = tokenized(self._tokenizer, missing, self._prompt) if missing else []
         self._known.update(zip(missing, measured, strict=True))

@@ -39,14 +39,11 @@ from ssindex.index.layout import default_index_path
 from ssindex.pipeline.build import Warm, build
 from ssindex.stages.walk import IGNORE_FILES, Rules, check_root
 
-DEBOUNCE_MS = 50
-"""Quiet time after the last event before a build starts. watchfiles hands a group of
-events over once ``_STEP_MS`` passed without one, so a build waits 70 ms of quiet in all:
-an editor's save (a temp file renamed, or a truncate and a write) is over in far less."""
 _MAX_GROUPING_MS = 5_000
 """watchfiles hands events over at the latest after this long, even while they keep coming."""
 _STEP_MS = 20
-"""How long watchfiles waits for another event before it hands a group over."""
+"""How long watchfiles waits for another event before it hands a group over; the watcher's
+``debounce`` comes on top."""
 
 
 def polite(threads: int, nice: int) -> None:
@@ -103,8 +100,8 @@ class Watcher:
     """Builds ``root`` into ``index`` now, then again on every settled burst of changes,
     until ``stop``."""
 
-    def __init__(self, root: Path, index: Path | None = None, cfg: BuildConfig | None = None,
-                 debounce_ms: int = DEBOUNCE_MS, overrides: dict[str, str] | None = None,
+    def __init__(self, root: Path, index: Path | None, cfg: BuildConfig | None,
+                 debounce_ms: int, overrides: dict[str, str] | None = None,
                  say: Callable[[str], None] = say_on_stderr,
                  on_commit: Callable[[], None] | None = None) -> None:
         if debounce_ms < 0:
