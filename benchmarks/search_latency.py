@@ -47,7 +47,7 @@ from ssindex.index.table import scan
 from ssindex.query import dense
 from ssindex.query.filters import Filters
 from ssindex.query.fusion import Ranking, fuse, lexical_weight
-from ssindex.query.searcher import CANDIDATES, Searcher
+from ssindex.query.searcher import CANDIDATES, LEXICAL_CANDIDATES, Searcher
 from ssindex.text.lexical import names_identifier, query_terms
 
 QUERIES = ["parse a json document", "read a file line by line", "open a network socket",
@@ -196,7 +196,7 @@ def _exact(searcher: Searcher, query: str, allowed: np.ndarray) -> list[int]:
     bm25 = searcher.postings.scores(terms, weight) * allowed if terms else \
         np.zeros(len(scores), np.float32)
     hits = np.flatnonzero(bm25 > 0)
-    hits = hits[np.lexsort((hits, -bm25[hits]))][:CANDIDATES]
+    hits = hits[np.lexsort((hits, -bm25[hits]))][:LEXICAL_CANDIDATES]
     lexical = Ranking(hits.astype(np.int64), bm25[hits].astype(np.float64))
     ranked, _ = searcher.ranker.rank(query, fuse(near, lexical, lexical_weight(query)), 10,
                                      allowed, SCOPE.asked())

@@ -18,7 +18,7 @@ from ssindex.codec import row_dots
 from ssindex.query import dense
 from ssindex.query.filters import Filters
 from ssindex.query.fusion import Ranking, fuse, lexical_weight
-from ssindex.query.searcher import Searcher
+from ssindex.query.searcher import CANDIDATES, LEXICAL_CANDIDATES, Searcher
 from ssindex.text.lexical import names_identifier, query_terms
 from ssindex.text.roles import is_test
 
@@ -163,17 +163,17 @@ def test_filtered_top_k_equals_the_exact_filtered_top_k_on_random_queries(
             _allows(filters, row) for row in rows]
         vector = searcher.embed_query(query)
         scores = np.where(allowed, row_dots(vectors, vector), -np.inf)
-        order = np.lexsort((np.arange(len(scores)), -scores))[:int(allowed.sum())][:100]
+        order = np.lexsort((np.arange(len(scores)), -scores))[:int(allowed.sum())][:CANDIDATES]
         dense_exact = Ranking(order.astype(np.int64), scores[order].astype(np.float64))
         terms = query_terms(query).split()
         weight = 2.0 if names_identifier(query) else 0.25
         bm25 = searcher.postings.scores(terms, weight) * allowed
         hits = np.flatnonzero(bm25 > 0)
-        hits = hits[np.lexsort((hits, -bm25[hits]))][:100]
+        hits = hits[np.lexsort((hits, -bm25[hits]))][:LEXICAL_CANDIDATES]
         lexical_exact = Ranking(hits.astype(np.int64), bm25[hits].astype(np.float64))
-        assert [h.row_id for h in searcher.semantic(query, 100, filters)] == \
+        assert [h.row_id for h in searcher.semantic(query, CANDIDATES, filters)] == \
             dense_exact.rows.tolist()
-        assert [h.row_id for h in searcher.lexical(query, 100, filters)] == \
+        assert [h.row_id for h in searcher.lexical(query, LEXICAL_CANDIDATES, filters)] == \
             lexical_exact.rows.tolist()
         expected, _ = searcher.ranker.rank(
             query, fuse(dense_exact, lexical_exact, lexical_weight(query)), 10, allowed,

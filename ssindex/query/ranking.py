@@ -71,7 +71,7 @@ INSIDE_DEPTH = 30
 """How many of the best fused candidates are searched for a definition inside them."""
 CASE_MISMATCH = 0.8
 """Share of the definition boost kept when a definition matches the name but not its case."""
-FILE_WORD_BOOST = 2.0
+FILE_WORD_BOOST = 1.5
 """Per query word naming the file or its directory (at most two count)."""
 COHERENCE = 1.0
 """A file with several strong candidates is one strong answer: its best chunk gains this
