@@ -248,6 +248,7 @@ def main() -> None:
         "worktree_embedded_share": round(worktree["chunks_embedded"]
                                          / worktree["chunks_total"], 4),
         "worktree_chunks_from_cache": worktree["chunks_from_cache"],
+        "worktree_files_cut_from_cache": worktree["files_cut_from_cache"],
     }
     report(result, args.json)
     if not args.json:

@@ -4,6 +4,7 @@ the real model through the CLI, real git worktrees, a real SQLite file."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import subprocess
 import threading
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import xxhash
 
 from ssindex.backends.model import ModelSpec
 from ssindex.codec import stored_vectors
@@ -73,6 +75,8 @@ def test_a_second_worktree_embeds_only_what_is_new(tmp_path: Path, shared: Path)
     assert second["chunks_embedded"] <= 0.01 * second["chunks_total"]
     assert second["chunks_embedded"] >= 1  # the new function
     assert second["chunks_from_cache"] == first["chunks_embedded"]
+    # every file but the new one chunked by the cuts the first build recorded
+    assert second["files_cut_from_cache"] == first["files_indexed"]
     ids, vectors = _vectors(repo / ".ssindex")
     ids2, vectors2 = _vectors(tmp_path / "worktree" / ".ssindex")
     common = [ids2.index(row) for row in ids]
@@ -111,6 +115,29 @@ def test_damaged_entries_and_files_are_embedded_again(tmp_path: Path, shared: Pa
     assert Path(f"{shared}.damaged").is_file()
     assert cli_json("build", str(copy_stdlib(tmp_path / "d", "json")),
                     "--no-progress")["chunks_from_cache"] == exemplars
+
+
+def test_cuts_the_cache_cannot_trust_are_not_replayed(tmp_path: Path, shared: Path) -> None:
+    first = cli_json("build", str(copy_stdlib(tmp_path / "a", "json")), "--no-progress")
+    with sqlite3.connect(shared) as db:
+        keys = [key for (key,) in db.execute("SELECT key FROM cuts ORDER BY key")]
+        assert len(keys) == first["files_indexed"]
+        # one entry whose checksum fails; one whose checksum holds, cutting past the file
+        db.execute("UPDATE cuts SET cuts = '[\"ast\", []]' WHERE key = ?", (keys[0],))
+        overrun = json.dumps(["ast", [[1, 10**6, "decode", "function"]]])
+        db.execute("UPDATE cuts SET cuts = ?, checksum = ? WHERE key = ?",
+                   (overrun, xxhash.xxh3_64_hexdigest(keys[1].encode() + b"\0" +
+                                                      overrun.encode()), keys[1]))
+    second = cli_json("build", str(copy_stdlib(tmp_path / "b", "json")), "--no-progress")
+    assert second["files_cut_from_cache"] == first["files_indexed"] - 2
+    assert second["chunks_total"] == first["chunks_total"]
+    columns = ["id", "path", "start_line", "end_line", "symbol", "kind", "text"]
+    assert scan(IndexDir(tmp_path / "a" / ".ssindex").open_table(), columns).sort_by(
+        "id").equals(scan(IndexDir(tmp_path / "b" / ".ssindex").open_table(),
+                          columns).sort_by("id"))
+    with sqlite3.connect(shared) as db:  # both recorded anew, whole
+        assert db.execute("SELECT count(*) FROM cuts WHERE cuts = ?",
+                          (overrun,)).fetchone()[0] == 0
 
 
 def test_the_cache_keeps_within_its_bound(tmp_path: Path, shared: Path) -> None:

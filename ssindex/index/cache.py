@@ -1,5 +1,6 @@
 """A machine's shared cache of embedded vectors: a second clone, git worktree or branch of
-the same code embeds only the chunks this machine has never embedded.
+the same code embeds only the chunks this machine has never embedded, and parses only the
+files it has never chunked (their cuts are kept too, ``engines.pool.Preparer``).
 
 Entries are addressed by embed key, which already names the model, its settings and the
 exact text embedded (``stages.embed.embed_key``), so one cache serves every index and
@@ -53,11 +54,20 @@ CREATE TABLE IF NOT EXISTS vectors (
 );
 CREATE INDEX IF NOT EXISTS vectors_by_use ON vectors (used);
 CREATE TABLE IF NOT EXISTS fits (key TEXT PRIMARY KEY) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS cuts (
+    key TEXT NOT NULL UNIQUE,
+    cuts TEXT NOT NULL,
+    checksum TEXT NOT NULL,
+    used INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS cuts_by_use ON cuts (used);
 """
 """A rowid table on 8 KiB pages: 1.7 KB a 384-wide vector on disk. A ``WITHOUT ROWID``
 table (rows in the key's B-tree) took 4.7 KB on 4 KiB pages and wrote 5x slower: its
 rows overflow at this size. ``fits`` holds the keys whose text a build measured to fit
-the model's window (``stages.embed.ModelWindow``), while their vector is cached."""
+the model's window (``stages.embed.ModelWindow``), while their vector is cached. ``cuts``
+holds where the chunker cut each file it chunked, by its text and settings
+(``engines.pool.Preparer``), as JSON."""
 _PAGE_SIZE = 8192
 
 
@@ -78,6 +88,8 @@ class CacheStats:
     rejected: int = 0
     """Entries that failed their checksum (or had the wrong width): dropped, re-embedded."""
     evicted: int = 0
+    replayed: int = 0
+    """Files chunked by the cuts recorded for them, not parsed and fitted again."""
 
 
 class VectorCache:
@@ -164,6 +176,41 @@ class VectorCache:
             if db is not None:
                 db.executemany("INSERT OR IGNORE INTO fits (key) VALUES (?)",
                                [(key,) for key in keys])
+
+    def cuts(self, key: str) -> str | None:
+        """The cuts recorded under ``key`` when whole (a failed checksum reads as none:
+        the file is chunked again and its cuts recorded anew)."""
+        with self._session("read") as db:
+            row = None if db is None else db.execute(
+                "SELECT cuts, checksum FROM cuts WHERE key = ?", (key,)).fetchone()
+        if row is None:
+            return None
+        if _checksum(key, row[0].encode()) != row[1]:
+            self.stats.rejected += 1
+            return None
+        return str(row[0])
+
+    def store_cuts(self, cuts: dict[str, str | None]) -> None:
+        """Record files' cuts by key; ``None`` for cuts replayed from here (marked used)."""
+        now = time.time_ns()
+        replayed = [key for key, value in cuts.items() if value is None]
+        with self._session("write") as db:
+            if db is None:
+                return
+            db.executemany("INSERT OR REPLACE INTO cuts (key, cuts, checksum, used) "
+                           "VALUES (?, ?, ?, ?)",
+                           [(key, value, _checksum(key, value.encode()), now)
+                            for key, value in cuts.items() if value is not None])
+            for start in range(0, len(replayed), _BATCH):
+                part = replayed[start:start + _BATCH]
+                db.execute(f"UPDATE cuts SET used = ? WHERE key IN "
+                           f"({','.join('?' * len(part))})", [now, *part])
+        self.stats.replayed += len(replayed)
+
+    def ready(self) -> None:
+        """Open the database now, creating its tables, before worker processes read it."""
+        with self._session("open"):
+            pass
 
     def close(self) -> None:
         with self._lock:
@@ -256,6 +303,9 @@ class VectorCache:
         db.execute("DELETE FROM vectors WHERE rowid IN (SELECT rowid FROM vectors "
                    "ORDER BY used LIMIT ?)", (drop,))
         db.execute("DELETE FROM fits WHERE key NOT IN (SELECT key FROM vectors)")
+        cuts = db.execute("SELECT count(*) FROM cuts").fetchone()[0]
+        db.execute("DELETE FROM cuts WHERE rowid IN (SELECT rowid FROM cuts ORDER BY used "
+                   "LIMIT ?)", (cuts - int(cuts * _EVICT_TO * self.max_bytes / used),))
         # the pragma frees one page per step, and only ``executescript`` steps it to the
         # end (it commits the transaction first, evictions included)
         db.executescript("PRAGMA incremental_vacuum;")

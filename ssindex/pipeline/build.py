@@ -191,6 +191,7 @@ def _progressive(job: _Job, no_embed: bool, activity: Activity, started: Started
         result["wall_seconds"])
     result["partial_commits"] = publisher.commits if publisher is not None else 0
     result["chunks_from_cache"] = job.cache.stats.hits if job.cache is not None else 0
+    result["files_cut_from_cache"] = job.cache.stats.replayed if job.cache is not None else 0
     return result
 
 
@@ -250,6 +251,8 @@ def _plan(job: _Job, previous: PreviousIndex | None, diffed: bool, no_embed: boo
         encoder.load()  # an explicit backend that cannot run fails before any work
     model_key = model.key
     staging = Staging(job.index.path, model_key)
+    if job.cache is not None:
+        job.cache.ready()  # its tables exist before worker processes read them
     if staging.load():
         job.progress.message("resuming: reusing vectors checkpointed by an interrupted build")
 
@@ -277,6 +280,7 @@ def _plan(job: _Job, previous: PreviousIndex | None, diffed: bool, no_embed: boo
                      checkpoint=checkpoint,
                      fitted=None if cache is None else cache.store_fits,
                      cache_path=None if job.cache is None else job.cache.path,
+                     cut=None if job.cache is None else job.cache.store_cuts,
                      on_change=None if no_embed else encoder.prepare,
                      workers=cfg.workers or default_workers(_gpu_embeds(explicit),
                                                             embeds=not (no_embed or

@@ -45,6 +45,8 @@ class BuildPlan:
     """Receives the embed keys of chunks measured to fit the model's window."""
     cache_path: Path | None = None
     """The shared vector cache, whose record of what fits spares the chunker tokenizing."""
+    cut: Callable[[dict[str, str | None]], None] | None = None
+    """Receives files' cuts by key (``engines.pool.Prepared.cut``) for the shared cache."""
     on_change: Callable[[], None] | None = None
     """Called when an incremental build meets its first new or changed file."""
     batch_chunks: int = 256

@@ -22,8 +22,7 @@ Sizes are non-whitespace characters, so indentation does not eat the budget; giv
 the model's ``Window``, the larger of that and a span's tokens (scaled so the window
 is worth the budget), so the split cuts chunks to the window too. A chunk is whole
 lines; one whose embedding text still overflows the window is cut into line windows
-(``_fit``). Only a single line longer than the window stays whole (its truncation is
-counted by the embed stage).
+(``_fit``). Only a single line longer than the window stays whole (embedded window by window).
 """
 
 from __future__ import annotations
@@ -74,7 +73,6 @@ class ChunkStats:
     """Files per chunker: ``ast``, ``lines``, ``lines_parse_error``."""
 
     def count(self, chunker: str, chunks: int) -> None:
-        """Count one chunked file (here, or in a worker process)."""
         self.files += 1
         self.chunkers[chunker] += 1
         self.chunks += chunks
@@ -149,10 +147,8 @@ class _Lines:
         return max(chars, math.ceil(tokens * self.token_weight))
 
 
-def chunk(
-    files: Iterable[SourceFile], cfg: ChunkConfig, stats: ChunkStats,
-    window: Window | None = None,
-) -> Iterator[tuple[SourceFile, list[IndexedChunk]]]:
+def chunk(files: Iterable[SourceFile], cfg: ChunkConfig, stats: ChunkStats,
+          window: Window | None = None) -> Iterator[tuple[SourceFile, list[IndexedChunk]]]:
     """Yield each file with its chunks, in input order."""
     for source in files:
         chunks, chunker = chunk_file(source, cfg, window)
@@ -181,6 +177,16 @@ def chunk_file(source: SourceFile, cfg: ChunkConfig, window: Window | None = Non
     lines = _Lines.of(source.text, window, cfg.max_chars, rows)
     spans = _fit(source, lines, _spans(source, lines, cfg)[0], window)
     return [_to_chunk(source, lines, s) for s in spans], chunker
+
+
+def replay(source: SourceFile, cuts: list[tuple[int, int, str, str]]) -> list[Chunk] | None:
+    """The chunks of ``source`` at ``cuts`` (first and last line, symbol, kind), as
+    ``chunk_file`` cut this text before; ``None`` when the cuts do not fit its lines."""
+    lines = _Lines.of(source.text)
+    if any(not 0 < start <= end <= len(lines.rows) for start, end, _, _ in cuts):
+        return None
+    return [_to_chunk(source, lines, _Span(start - 1, end - 1, symbol, kind))
+            for start, end, symbol, kind in cuts]
 
 
 def _spans(source: SourceFile, lines: _Lines, cfg: ChunkConfig) -> tuple[list[_Span], str]:
@@ -272,10 +278,8 @@ def _rows(node: Any) -> tuple[int, int]:
     return start, end
 
 
-def _split(
-    node: Any, ctx: tuple[str, str], depth: int, lines: _Lines, cfg: ChunkConfig,
-    reserve: int = 0, is_root: bool = False,
-) -> list[_Span]:
+def _split(node: Any, ctx: tuple[str, str], depth: int, lines: _Lines, cfg: ChunkConfig,
+           reserve: int = 0, is_root: bool = False) -> list[_Span]:
     """Spans of ``node``; the first one leaves ``reserve`` characters for a glued header."""
     start, end = _rows(node)
     end = min(end, len(lines.rows) - 1)
@@ -328,9 +332,8 @@ def _tile(pieces: list[_Span], start: int, end: int) -> list[_Span]:
     return tiled
 
 
-def _merge(
-    pieces: list[_Span], lines: _Lines, budget: int, ctx: tuple[str, str], reserve: int = 0
-) -> list[_Span]:
+def _merge(pieces: list[_Span], lines: _Lines, budget: int, ctx: tuple[str, str],
+           reserve: int = 0) -> list[_Span]:
     """Greedily merge adjacent sibling spans while the result fits the budget."""
     merged: list[_Span] = []
     group: list[_Span] = []
@@ -357,9 +360,8 @@ def _join(group: list[_Span], ctx: tuple[str, str]) -> _Span:
     return _Span(group[0].start, group[-1].end, *ctx)
 
 
-def _line_windows(
-    lines: _Lines, start: int, end: int, ctx: tuple[str, str], budget: int
-) -> list[_Span]:
+def _line_windows(lines: _Lines, start: int, end: int, ctx: tuple[str, str], budget: int,
+                  ) -> list[_Span]:
     spans: list[_Span] = []
     first = start
     for row in range(start, end + 1):

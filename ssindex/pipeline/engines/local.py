@@ -34,6 +34,8 @@ from ssindex.stages.write import to_record_batch
 
 T = TypeVar("T")
 _DONE = object()
+CUTS_PER_WRITE = 256
+"""Files whose cuts go to the shared cache in one transaction."""
 
 
 def _chunk_ids(manifest: list[dict[str, Any]]) -> list[str]:
@@ -138,12 +140,21 @@ def _chunked(plan: BuildPlan, candidates: Iterable[Candidate], stats: RunStats,
     """A clean build's files read, chunked and prepared (``engines.pool``)."""
     preparation = Preparation(plan.config, plan.model, plan.model_key, tokenize=plan.embeds,
                               cache_path=plan.cache_path)
-    for source, chunker, rows in prepared(candidates, preparation, plan.workers, stats.walk):
+    cuts: dict[str, str | None] = {}
+    for source, chunker, rows, cut in prepared(candidates, preparation, plan.workers,
+                                               stats.walk):
         progress.advance("walk")
+        if cut is not None and plan.cut is not None:
+            cuts[cut[0]] = cut[1]
+            if len(cuts) >= CUTS_PER_WRITE:
+                plan.cut(cuts)
+                cuts = {}
         if source is None:
             continue
         stats.chunk.count(chunker, len(rows))
         yield source, rows
+    if cuts and plan.cut is not None:
+        plan.cut(cuts)
 
 
 def _carry(plan: BuildPlan, files: Iterable[SourceFile], previous: StoredChunks,

@@ -17,6 +17,7 @@ driver is killed notices within half a second and exits.
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import signal
@@ -26,16 +27,18 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass, replace
-from pathlib import Path
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path, PurePosixPath
 from typing import NamedTuple
+
+import xxhash
 
 from ssindex.backends.model import ModelSpec
 from ssindex.config import BuildConfig
 from ssindex.errors import WorkerLost
 from ssindex.index.cache import VectorCache
-from ssindex.records import IndexedChunk, SourceFile
-from ssindex.stages.chunk import chunk_file
+from ssindex.records import Chunk, IndexedChunk, SourceFile
+from ssindex.stages.chunk import CHUNKER_VERSION, chunk_file, replay
 from ssindex.stages.dedupe import Signer
 from ssindex.stages.embed import ModelWindow, embed_key
 from ssindex.stages.walk import Candidate, WalkStats, read
@@ -56,6 +59,9 @@ class Prepared(NamedTuple):
     source: SourceFile | None
     chunker: str
     rows: list[IndexedChunk]
+    cut: tuple[str, str | None] | None = None
+    """The file's cuts for the shared cache: their key, and their JSON when made here
+    (``None``: replayed from the cache)."""
 
 
 @dataclass(frozen=True)
@@ -81,23 +87,59 @@ class Preparer:
     def __init__(self, preparation: Preparation) -> None:
         self._preparation = preparation
         self._sign = Signer(preparation.config.dedupe)
-        cache = None if preparation.cache_path is None else VectorCache(
+        self._cache = None if preparation.cache_path is None else VectorCache(
             0, preparation.cache_path, readonly=True)
-        self._window = ModelWindow(preparation.model, cache.fitting if cache else None)
+        self._window = ModelWindow(preparation.model,
+                                   self._cache.fitting if self._cache else None)
 
     def __call__(self, candidate: Candidate, stats: WalkStats) -> Prepared:
         cfg = self._preparation.config
         source = read(candidate, cfg.walk, stats, {})
         if source is None:
             return Prepared(None, "", [])
-        chunks, chunker = chunk_file(source, cfg.chunk, self._window)
+        chunks, chunker, cut = self._chunks(source)
         rows = [IndexedChunk(c, signature=self._sign(c.text), terms=lexical_terms(c),
                              key=embed_key(c, self._preparation.model_key)) for c in chunks]
         if self._preparation.tokenize and rows:  # measured by the chunker: not tokenized again
             for row, tokens in zip(rows, self._window.tokens(chunks), strict=True):
                 row.tokens = tokens
         # the text lives on in the chunks; the driver needs only the file's stamp
-        return Prepared(replace(source, text=""), chunker, rows)
+        return Prepared(replace(source, text=""), chunker, rows, cut)
+
+    def _chunks(self, source: SourceFile) -> tuple[list[Chunk], str,
+                                                   tuple[str, str | None] | None]:
+        """The file's chunks and chunker, replayed from the cuts the shared cache holds
+        for its text and settings when it has them: parsing files and fitting their
+        chunks to the window took two thirds of a build whose vectors the cache held (a
+        second worktree). Cuts that do not fit the text are not trusted."""
+        cfg = self._preparation.config
+        if self._cache is None:
+            return (*chunk_file(source, cfg.chunk, self._window), None)
+        key = self._cut_key(source)
+        recorded = self._cache.cuts(key)
+        if recorded is not None:
+            try:
+                chunker, cuts = json.loads(recorded)
+                chunks = replay(source, [(int(a), int(b), str(c), str(d))
+                                         for a, b, c, d in cuts])
+            except (ValueError, TypeError):
+                chunks = None
+            if chunks is not None:
+                return chunks, str(chunker), (key, None)
+        chunks, chunker = chunk_file(source, cfg.chunk, self._window)
+        cuts = [(c.start_line, c.end_line, c.symbol, c.kind) for c in chunks]
+        return chunks, chunker, (key, json.dumps([chunker, cuts]))
+
+    def _cut_key(self, source: SourceFile) -> str:
+        """What a file's cuts depend on: the chunker's code and settings, the model's
+        window, the file's language, name (a module's chunks are named for it) and text."""
+        preparation = self._preparation
+        digest = xxhash.xxh3_128()
+        for part in (str(CHUNKER_VERSION), preparation.model_key,
+                     json.dumps(asdict(preparation.config.chunk), sort_keys=True),
+                     source.language or "", PurePosixPath(source.path).stem, source.text):
+            digest.update(part.encode("utf-8", "surrogatepass") + b"\0")
+        return digest.hexdigest()
 
 
 def default_workers(gpu: bool, embeds: bool = True) -> int:
