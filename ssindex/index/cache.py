@@ -76,6 +76,13 @@ def enabled_by_environment() -> bool:
     return os.environ.get(ENV_SWITCH, "").strip().lower() not in {"off", "0", "false", "no"}
 
 
+def _batches(keys: list[str]) -> Iterator[tuple[list[str], str]]:
+    """``keys`` in statement-sized parts, each with its ``?`` placeholders."""
+    for start in range(0, len(keys), _BATCH):
+        part = keys[start:start + _BATCH]
+        yield part, ",".join("?" * len(part))
+
+
 def _checksum(key: str, blob: bytes) -> str:
     return xxhash.xxh3_64_hexdigest(key.encode() + b"\0" + blob)
 
@@ -118,11 +125,10 @@ class VectorCache:
         with self._session("read") as db:
             if db is None:
                 return {}
-            for start in range(0, len(keys), _BATCH):
-                part = keys[start:start + _BATCH]
+            for part, marks in _batches(keys):
                 rows = db.execute(
-                    f"SELECT key, vector, checksum FROM vectors WHERE key IN "
-                    f"({','.join('?' * len(part))})", part).fetchall()
+                    f"SELECT key, vector, checksum FROM vectors WHERE key IN ({marks})",
+                    part).fetchall()
                 for key, blob, checksum in rows:
                     if len(blob) != 4 * dim or _checksum(key, blob) != checksum:
                         bad.append(key)
@@ -130,10 +136,8 @@ class VectorCache:
                         found[key] = np.frombuffer(blob, dtype=np.float32).copy()
             now = time.time_ns()
             hit = list(found) if touch else []
-            for start in range(0, len(hit), _BATCH):
-                part = hit[start:start + _BATCH]
-                db.execute(f"UPDATE vectors SET used = ? WHERE key IN "
-                           f"({','.join('?' * len(part))})", [now, *part])
+            for part, marks in _batches(hit):
+                db.execute(f"UPDATE vectors SET used = ? WHERE key IN ({marks})", [now, *part])
             db.executemany("DELETE FROM vectors WHERE key = ?", [(key,) for key in bad])
         self.stats.hits += len(found) if touch else 0
         self.stats.rejected += len(bad)
@@ -162,10 +166,9 @@ class VectorCache:
         with self._session("read") as db:
             if db is None:
                 return found
-            for start in range(0, len(keys), _BATCH):
-                part = keys[start:start + _BATCH]
+            for part, marks in _batches(keys):
                 found.update(key for (key,) in db.execute(
-                    f"SELECT key FROM fits WHERE key IN ({','.join('?' * len(part))})", part))
+                    f"SELECT key FROM fits WHERE key IN ({marks})", part))
         return found
 
     def store_fits(self, keys: list[str]) -> None:
@@ -201,10 +204,8 @@ class VectorCache:
                            "VALUES (?, ?, ?, ?)",
                            [(key, value, _checksum(key, value.encode()), now)
                             for key, value in cuts.items() if value is not None])
-            for start in range(0, len(replayed), _BATCH):
-                part = replayed[start:start + _BATCH]
-                db.execute(f"UPDATE cuts SET used = ? WHERE key IN "
-                           f"({','.join('?' * len(part))})", [now, *part])
+            for part, marks in _batches(replayed):
+                db.execute(f"UPDATE cuts SET used = ? WHERE key IN ({marks})", [now, *part])
         self.stats.replayed += len(replayed)
 
     def ready(self) -> None:

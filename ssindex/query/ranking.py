@@ -83,8 +83,7 @@ function split into chunks is one answer, not several."""
 PRIORS = {"test": 0.55, "docs": 0.6, "example": 0.7, "legacy": 0.7, "older": 0.7,
           "vendored": 0.6, "stub": 0.75, "barrel": 0.7, "config": 0.6}
 class Evidence(NamedTuple):
-    """What file evidence is scaled by: the top candidate's score, the best file's
-    evidence."""
+    """What file evidence is scaled by: the top candidate's score, the best file's evidence."""
 
     top: float
     most: float
@@ -119,8 +118,9 @@ class Ranker:
         """Build the tables the rules read now, not on a query's first need, and find
         every barrel. Those of ``like``, an earlier version's ranker, are taken by chunk
         id (an id names its text): a reopen after a one-file commit tests new chunks only."""
-        for table in ("_newest", "_definitions", "_pieces", "_file_ids"):
+        for table in ("_newest", "_definitions", "_pieces", "_file_ids", "_modules"):
             getattr(self, table)
+        self.__dict__.pop("_symbols", None)  # the tables above hold what they need of it
         known = like.barrels_by_id() if like is not None else {}
         modules = np.flatnonzero(self._modules).tolist()
         ids = self.rows.column("id").take(pa.array(modules, pa.int64())).to_pylist()
@@ -181,12 +181,16 @@ class Ranker:
         return self._file_names[file]
 
     @cached_property
+    def _symbols(self) -> list[tuple[str | None, str]]:
+        """Each row's symbol and kind, read once for the tables below (``warm`` drops it)."""
+        return list(zip(*(self.rows.column(c).to_pylist() for c in ("symbol", "kind")),
+                        strict=True))
+
+    @cached_property
     def _definitions(self) -> dict[str, list[tuple[int, str]]]:
         """Rows that define a name, with the name's last part, by that part lower-cased."""
         table: dict[str, list[tuple[int, str]]] = defaultdict(list)
-        for row, (symbol, kind) in enumerate(zip(self.rows.column("symbol").to_pylist(),
-                                                 self.rows.column("kind").to_pylist(),
-                                                 strict=True)):
+        for row, (symbol, kind) in enumerate(self._symbols):
             if symbol and kind in DEFINITION_KINDS:
                 name = last_part(symbol)
                 table[name.lower()].append((row, name))
@@ -330,12 +334,9 @@ class Ranker:
         """Which definition each chunk is a piece of, numbered: its symbol's number
         (module-level chunks are each their own)."""
         numbers: dict[str, int] = {}
-        kinds = self.rows.column("kind").to_pylist()
         return np.array([numbers.setdefault(f"\0{row}" if kind == "module" else symbol or "",
                                             len(numbers))
-                         for row, (symbol, kind) in enumerate(
-                             zip(self.rows.column("symbol").to_pylist(), kinds, strict=True))],
-                        np.int64)
+                         for row, (symbol, kind) in enumerate(self._symbols)], np.int64)
 
     @cached_property
     def _file_ids(self) -> np.ndarray:
@@ -345,8 +346,7 @@ class Ranker:
     @cached_property
     def _modules(self) -> np.ndarray:
         """Whether each row is a module-level chunk: the only kind a barrel can be."""
-        return np.array([kind == "module" for kind in self.rows.column("kind").to_pylist()],
-                        bool)
+        return np.array([kind == "module" for _, kind in self._symbols], bool)
 
     def _barrel(self, row: int) -> bool:
         if not self._modules[row]:

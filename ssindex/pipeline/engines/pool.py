@@ -91,6 +91,9 @@ class Preparer:
             0, preparation.cache_path, readonly=True)
         self._window = ModelWindow(preparation.model,
                                    self._cache.fitting if self._cache else None)
+        # what every file's cut key starts with: the chunker's code and settings, the window
+        self._cut_settings = json.dumps([CHUNKER_VERSION, preparation.model_key,
+                                         asdict(preparation.config.chunk)], sort_keys=True)
 
     def __call__(self, candidate: Candidate, stats: WalkStats) -> Prepared:
         cfg = self._preparation.config
@@ -133,11 +136,9 @@ class Preparer:
     def _cut_key(self, source: SourceFile) -> str:
         """What a file's cuts depend on: the chunker's code and settings, the model's
         window, the file's language, name (a module's chunks are named for it) and text."""
-        preparation = self._preparation
         digest = xxhash.xxh3_128()
-        for part in (str(CHUNKER_VERSION), preparation.model_key,
-                     json.dumps(asdict(preparation.config.chunk), sort_keys=True),
-                     source.language or "", PurePosixPath(source.path).stem, source.text):
+        for part in (self._cut_settings, source.language or "",
+                     PurePosixPath(source.path).stem, source.text):
             digest.update(part.encode("utf-8", "surrogatepass") + b"\0")
         return digest.hexdigest()
 
