@@ -64,7 +64,13 @@ class WatchProcess:
 
     def stop(self, sig: int = signal.SIGTERM) -> int:
         self.proc.send_signal(sig)
-        return self.proc.wait(timeout=120)
+        try:
+            return self.proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            while not self.lines.empty():
+                self.seen.append(self.lines.get())
+            raise AssertionError(f"still running 120 s after signal {sig}; saw {self.seen}"
+                                 ) from None
 
 
 def _paths(index: Path, query: str) -> list[str]:
@@ -262,7 +268,11 @@ async def _mcp_calls(root: Path, log: Path) -> list[dict[str, Any]]:
             (root / "pkg" / "fresh.py").write_text("def freshly_written_fn():\n    pass\n",
                                                     encoding="utf-8")
             await until(session, "freshly_written_fn", "pkg/fresh.py")
-            await call(session, "status", {})
+            # searches follow the commit; the watcher counts the build once it has finished
+            for _ in range(600):
+                if not (await call(session, "status", {}))["watch"]["building"]:
+                    break
+                await anyio.sleep(0.05)
     return seen
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -100,16 +101,30 @@ def watch(
         nonlocal terminated
         if not terminated:
             terminated = True
+            watcher.stop()  # the watch ends after this build even if the interrupt is lost
             raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, on_term)
     say_on_stderr(f"watching {watcher.root} into {watcher.index} (debounce {debounce} ms, "
                   f"{cores} thread{'s' if cores > 1 else ''}, nice {nice}); Ctrl-C stops")
+    code = 0
     try:
         watcher.run()
     except KeyboardInterrupt:
-        say_on_stderr("stopped: searches see the last committed version")
-        raise typer.Exit(0 if terminated else 130) from None
+        code = 0 if terminated else 130
+    say_on_stderr("stopped: searches see the last committed version")
+    _leave(code)
+
+
+def _leave(code: int) -> None:
+    """Exit now, past the interpreter's teardown. After a build abandoned mid-batch, native
+    thread pools (ONNX Runtime's, torch's, Lance's) torn down there can abort the process
+    ("terminate called without an active exception": 1 SIGTERM in about 50 here) or hang.
+    Nothing is left to finish: a commit is atomic, and the lock and shared cache are
+    released by then."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 @app.command(name="mcp-config")

@@ -212,6 +212,9 @@ class Watcher:
             stats = build(self.root, self.index, self.cfg, self.overrides,
                           progress=_Notices(self.say), warm=self._warm)
         except Exception as exc:  # a failed build must not end the watch: say it, go on
+            if self._stop.is_set():  # stopped mid-build: abandoned, not failed
+                self.say("build abandoned: the watch is stopping")
+                return
             self.last_error = f"{type(exc).__name__}: {exc}".splitlines()[0]
             with self._changed:
                 self._unbuilt |= batch
