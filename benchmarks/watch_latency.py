@@ -51,8 +51,10 @@ CLI = str(Path(sys.executable).with_name("ssindex"))
 
 
 def _git(root: Path, *args: str) -> None:
-    subprocess.run(["git", "-c", "user.email=bench@example.com", "-c", "user.name=bench",
-                    *args], cwd=root, check=True, capture_output=True, timeout=600)
+    done = subprocess.run(["git", "-c", "user.email=bench@example.com", "-c", "user.name=bench",
+                           *args], cwd=root, capture_output=True, text=True, timeout=600)
+    if done.returncode:
+        raise RuntimeError(f"git {' '.join(args)} failed: {done.stderr.strip()}")
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -209,6 +211,9 @@ def main() -> None:
     try:
         shutil.copytree(args.source, root, symlinks=True)
         _git(root, "init", "-q", "-b", "main")
+        # an index built before indexes ignored themselves must not be tracked either
+        (root / ".git" / "info").mkdir(parents=True, exist_ok=True)
+        (root / ".git" / "info" / "exclude").write_text(".ssindex/\n", encoding="utf-8")
         _git(root, "add", "-A")
         _git(root, "commit", "-qm", "copy")
         files = sorted(path for path in root.rglob("*.py")

@@ -205,6 +205,8 @@ def test_a_branch_switch_is_one_build_and_sigterm_mid_build_keeps_the_index(
     watch = WatchProcess(root, "--debounce", "300")
     try:
         watch.built()
+        assert subprocess.run(["git", "status", "--porcelain"], cwd=root, check=True,
+                              capture_output=True, text=True).stdout == ""  # index ignored
         _git(root, "checkout", "-q", "other")
         assert watch.built() == (0, 40, 1)  # one build for the whole checkout
         assert _paths(index, "branch_function_7")[0] == "module_7.py"

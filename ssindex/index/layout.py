@@ -153,6 +153,9 @@ class IndexDir:
         try:
             self.path.mkdir(parents=True, exist_ok=True)
             (self.path / "manifests").mkdir(exist_ok=True)
+            ignore = self.path / ".gitignore"
+            if not ignore.exists():  # `git add -A` in the tree never takes the index in
+                ignore.write_text("*\n", encoding="utf-8")
             probe = self.path / f".write-probe-{os.getpid()}"
             probe.write_bytes(b"")
             probe.unlink()

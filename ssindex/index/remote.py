@@ -39,8 +39,9 @@ from ssindex.util.dirs import cache_dir
 from ssindex.util.fsio import atomic_write_bytes
 
 _SCHEMES = ("s3", "gs", "gcs", "abfs", "abfss", "az", "hdfs")
-_LOCAL_ONLY = ("lock", "staging/")
-"""The builder lock and embedding checkpoints belong to one machine: never synced."""
+_LOCAL_ONLY = ("lock", "staging/", ".gitignore")
+"""The builder lock, embedding checkpoints and the git ignore file belong to one machine:
+never synced."""
 
 
 def is_remote(location: str | os.PathLike[str]) -> bool:

@@ -6,6 +6,7 @@ import contextlib
 import itertools
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -78,6 +79,7 @@ def build(
     ray: RayOptions | None = None,
     no_embed: bool = False,
     warm: Warm | None = None,
+    committed: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
     """Index ``root`` into ``index_path`` (default ``root/.ssindex``); returns build stats.
 
@@ -87,13 +89,14 @@ def build(
     (``ssindex.index.remote``). ``no_embed`` builds a lexical index and loads no
     model: new chunks get no vector (stored ones are kept) until a later build. ``warm``
     keeps the encoders and the shared vector cache open across the builds of one
-    long-lived process (``ssindex watch``)."""
+    long-lived process (``ssindex watch``); ``committed`` is called as soon as a version
+    is committed, before older ones are cleaned up (a server reopens on it)."""
     if no_embed and ray is not None:
         raise ConfigError("--no-embed is the local engine's: Ray builds embed on actors")
     if index_path is not None and is_remote(index_path):
         remote = RemoteIndex(str(index_path))
         result = build(root, remote.pull(for_commit=True), config, backend_overrides,
-                       progress, ray, no_embed, warm)
+                       progress, ray, no_embed, warm, committed)
         remote.push()
         return result | {"index": remote.uri}
     started = Started()
@@ -111,7 +114,7 @@ def build(
         try:
             job = _Job(root, index, cfg, cfg.embed.model_spec(), explicit,
                        Tracked(progress, activity), ray, cache,
-                       warm.encoders if warm is not None else None)
+                       warm.encoders if warm is not None else None, committed)
             return _progressive(job, no_embed, activity, started)
         finally:
             activity.close()
@@ -159,6 +162,7 @@ class _Job:
     ray: RayOptions | None
     cache: VectorCache | None
     encoders: EncoderPool | None
+    committed: Callable[[], None] | None
 
 
 def _progressive(job: _Job, no_embed: bool, activity: Activity, started: Started,
@@ -221,7 +225,8 @@ def _commit_once(job: _Job, previous: PreviousIndex | None, no_embed: bool, star
                          purge=previous is not None and _secrets_tightened(previous, job.cfg))
     outcome = _execute(plan, encoder, writer, previous, job.explicit, job.model, job.progress,
                        job.ray)
-    result = commit(job.index, plan, outcome, writer, previous, job.model, started)
+    result = commit(job.index, plan, outcome, writer, previous, job.model, started,
+                    job.committed)
     staging.clear()
     return result | {"index": str(job.index.path), "table_version": outcome.version}
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,9 +55,10 @@ class Outcome:
 
 def commit(index: IndexDir, plan: BuildPlan, outcome: Outcome, writer: TableWriter,
            previous: PreviousIndex | None, model: ModelSpec, started: Started,
-           ) -> dict[str, Any]:
-    """Write the version's manifest and search files, then move ``HEAD.json`` to it;
-    returns the build stats. Old versions and files no reader can hold are dropped."""
+           committed: Callable[[], None] | None = None) -> dict[str, Any]:
+    """Write the version's manifest and search files, then move ``HEAD.json`` to it
+    (and call ``committed``); returns the build stats. Old versions and files no reader
+    can hold are dropped."""
     stats, version, cfg = outcome.stats, outcome.version, plan.config
     manifest = index.write_manifest(
         f"v{version}.arrow", pa.Table.from_pylist(stats.manifest, schema=MANIFEST_SCHEMA))
@@ -97,6 +99,8 @@ def commit(index: IndexDir, plan: BuildPlan, outcome: Outcome, writer: TableWrit
         "files": result["files_indexed"], "chunks": result["chunks_total"], "stats": result,
         "checksums": recorded,
     })
+    if committed is not None:
+        committed()
     writer.cleanup()
     # readers may still be pinned to the previous head: its files stay too, but for a purge
     heads = [{"manifest": manifest, **files}] + ([] if writer.purge else [kept])

@@ -45,21 +45,21 @@ import pyarrow as pa
 
 from ssindex.query.conventions import (
     ASKS,
-    DEFINITION_KINDS,
     STOP_WORDS,
     VERSIONED,
     definition_pattern,
     file_kinds,
     identifiers,
     is_barrel,
-    last_part,
     newest_versions,
     prefixes,
     split_name,
     words_of,
 )
+from ssindex.query.definitions import Definitions
 from ssindex.query.explanation import Explanation
 from ssindex.query.fusion import Ranking
+from ssindex.util.arrays import distinct
 
 SAME_FILE_DECAY = 0.3
 DEFINITION_BOOST = 1.3
@@ -120,7 +120,6 @@ class Ranker:
         id (an id names its text): a reopen after a one-file commit tests new chunks only."""
         for table in ("_newest", "_definitions", "_pieces", "_file_ids", "_modules"):
             getattr(self, table)
-        self.__dict__.pop("_symbols", None)  # the tables above hold what they need of it
         known = like.barrels_by_id() if like is not None else {}
         modules = np.flatnonzero(self._modules).tolist()
         ids = self.rows.column("id").take(pa.array(modules, pa.int64())).to_pylist()
@@ -140,10 +139,9 @@ class Ranker:
 
     @cached_property
     def _files(self) -> tuple[list[int], list[str]]:
-        """Each row's file number, and the files' paths."""
-        numbers: dict[str, int] = {}
-        files = [numbers.setdefault(p, len(numbers)) for p in self.rows.column("path").to_pylist()]
-        return files, list(numbers)
+        """Each row's file number, and the files' paths (numbered as they first occur)."""
+        paths, files = distinct(self.rows.column("path"))
+        return files.tolist(), paths.to_pylist()
 
     @cached_property
     def _newest(self) -> dict[str, int]:
@@ -181,20 +179,8 @@ class Ranker:
         return self._file_names[file]
 
     @cached_property
-    def _symbols(self) -> list[tuple[str | None, str]]:
-        """Each row's symbol and kind, read once for the tables below (``warm`` drops it)."""
-        return list(zip(*(self.rows.column(c).to_pylist() for c in ("symbol", "kind")),
-                        strict=True))
-
-    @cached_property
-    def _definitions(self) -> dict[str, list[tuple[int, str]]]:
-        """Rows that define a name, with the name's last part, by that part lower-cased."""
-        table: dict[str, list[tuple[int, str]]] = defaultdict(list)
-        for row, (symbol, kind) in enumerate(self._symbols):
-            if symbol and kind in DEFINITION_KINDS:
-                name = last_part(symbol)
-                table[name.lower()].append((row, name))
-        return table
+    def _definitions(self) -> Definitions:
+        return Definitions(self.rows.column("symbol"), self.rows.column("kind"))
 
     def rank(self, query: str, fused: Ranking, limit: int, allowed: np.ndarray | None = None,
              selected: Set[str] = frozenset(), reference: Evidence | None = None,
@@ -333,10 +319,14 @@ class Ranker:
     def _pieces(self) -> np.ndarray:
         """Which definition each chunk is a piece of, numbered: its symbol's number
         (module-level chunks are each their own)."""
-        numbers: dict[str, int] = {}
-        return np.array([numbers.setdefault(f"\0{row}" if kind == "module" else symbol or "",
-                                            len(numbers))
-                         for row, (symbol, kind) in enumerate(self._symbols)], np.int64)
+        symbols, codes = distinct(self.rows.column("symbol"))
+        pieces = codes.astype(np.int64)
+        names = symbols.to_pylist()
+        if None in names and "" in names:  # no symbol, or an empty one: the same
+            pieces[pieces == names.index(None)] = names.index("")
+        modules = np.flatnonzero(self._modules)
+        pieces[modules] = len(names) + np.arange(len(modules))
+        return pieces
 
     @cached_property
     def _file_ids(self) -> np.ndarray:
@@ -346,7 +336,8 @@ class Ranker:
     @cached_property
     def _modules(self) -> np.ndarray:
         """Whether each row is a module-level chunk: the only kind a barrel can be."""
-        return np.array([kind == "module" for _, kind in self._symbols], bool)
+        kinds, codes = distinct(self.rows.column("kind"))
+        return np.array([kind == "module" for kind in kinds.to_pylist()], bool)[codes]
 
     def _barrel(self, row: int) -> bool:
         if not self._modules[row]:
@@ -360,7 +351,7 @@ class Ranker:
         when the case differs (``deserialize`` for ``Deserialize``)."""
         boosts: dict[int, float] = {}
         for name in names:
-            for row, defined in self._definitions.get(name.lower(), []):
+            for row, defined in self._definitions.get(name):
                 boost = strength * (1.0 if defined == name else CASE_MISMATCH)
                 boosts[row] = max(boosts.get(row, 0.0), boost)
         return boosts

@@ -210,7 +210,8 @@ class Watcher:
         started = time.monotonic()
         try:
             stats = build(self.root, self.index, self.cfg, self.overrides,
-                          progress=_Notices(self.say), warm=self._warm)
+                          progress=_Notices(self.say), warm=self._warm,
+                          committed=self._committed)
         except Exception as exc:  # a failed build must not end the watch: say it, go on
             if self._stop.is_set():  # stopped mid-build: abandoned, not failed
                 self.say("build abandoned: the watch is stopping")
@@ -227,8 +228,16 @@ class Watcher:
             self.builds += 1
             self.last_error = None
         self.say(_summary(stats, time.monotonic() - started))
-        if self.on_commit is not None:
+
+    def _committed(self) -> None:
+        """A version was committed: ``on_commit`` runs now, not once the build has
+        cleaned up (a server's reopen then starts with the version)."""
+        if self.on_commit is None:
+            return
+        try:
             self.on_commit()
+        except Exception as exc:  # the commit stands; searches reopen on their own
+            self.say(f"warning: after the commit: {type(exc).__name__}: {exc}")
 
 
 def _summary(stats: dict[str, Any], seconds: float) -> str:
