@@ -6,7 +6,6 @@ import bisect
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from ssindex.query.conventions import DEFINITION_KINDS
 from ssindex.util.arrays import distinct, flags
@@ -18,11 +17,14 @@ class Definitions:
 
     Built in Arrow and searched by bisection rather than held in a dict: a server
     builds this table anew on every commit, and filling a dict with the ~50k names of
-    a standard-library index took 0.1 s of each reopen, against ~20 ms here. No Python
-    value is handed to Arrow (``pa.array``, a scalar argument): that imports pandas,
-    0.15 s of a cold search."""
+    a standard-library index took ~65 ms of each reopen, against ~20 ms here (the
+    import of ``pyarrow.compute`` included, ~25 ms, which a cold search for words
+    alone never pays). No Python value is handed to Arrow (``pa.array``, a scalar
+    argument): that imports pandas, 0.15 s of a cold search."""
 
     def __init__(self, symbols: pa.ChunkedArray, kinds: pa.ChunkedArray) -> None:
+        import pyarrow.compute as pc  # here: only queries that name a symbol need it
+
         symbols = symbols.combine_chunks()
         kind_names, kind_codes = distinct(kinds)
         defining = np.array([kind in DEFINITION_KINDS for kind in kind_names.to_pylist()],

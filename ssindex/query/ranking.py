@@ -59,7 +59,6 @@ from ssindex.query.conventions import (
 from ssindex.query.definitions import Definitions
 from ssindex.query.explanation import Explanation
 from ssindex.query.fusion import Ranking
-from ssindex.util.arrays import distinct
 
 SAME_FILE_DECAY = 0.3
 DEFINITION_BOOST = 1.3
@@ -120,6 +119,7 @@ class Ranker:
         id (an id names its text): a reopen after a one-file commit tests new chunks only."""
         for table in ("_newest", "_definitions", "_pieces", "_file_ids", "_modules"):
             getattr(self, table)
+        self.__dict__.pop("_symbols", None)  # the tables above hold what they need of it
         known = like.barrels_by_id() if like is not None else {}
         modules = np.flatnonzero(self._modules).tolist()
         ids = self.rows.column("id").take(pa.array(modules, pa.int64())).to_pylist()
@@ -139,9 +139,10 @@ class Ranker:
 
     @cached_property
     def _files(self) -> tuple[list[int], list[str]]:
-        """Each row's file number, and the files' paths (numbered as they first occur)."""
-        paths, files = distinct(self.rows.column("path"))
-        return files.tolist(), paths.to_pylist()
+        """Each row's file number, and the files' paths."""
+        numbers: dict[str, int] = {}
+        files = [numbers.setdefault(p, len(numbers)) for p in self.rows.column("path").to_pylist()]
+        return files, list(numbers)
 
     @cached_property
     def _newest(self) -> dict[str, int]:
@@ -177,6 +178,12 @@ class Ranker:
         words = words_of(f"{parts[-2] if len(parts) > 1 else ''} {split_name(parts[-1])[0]}")
         self._file_names[file] = words.union(*map(prefixes, words)), words
         return self._file_names[file]
+
+    @cached_property
+    def _symbols(self) -> list[tuple[str | None, str]]:
+        """Each row's symbol and kind, read once for the tables below (``warm`` drops it)."""
+        return list(zip(*(self.rows.column(c).to_pylist() for c in ("symbol", "kind")),
+                        strict=True))
 
     @cached_property
     def _definitions(self) -> Definitions:
@@ -319,14 +326,10 @@ class Ranker:
     def _pieces(self) -> np.ndarray:
         """Which definition each chunk is a piece of, numbered: its symbol's number
         (module-level chunks are each their own)."""
-        symbols, codes = distinct(self.rows.column("symbol"))
-        pieces = codes.astype(np.int64)
-        names = symbols.to_pylist()
-        if None in names and "" in names:  # no symbol, or an empty one: the same
-            pieces[pieces == names.index(None)] = names.index("")
-        modules = np.flatnonzero(self._modules)
-        pieces[modules] = len(names) + np.arange(len(modules))
-        return pieces
+        numbers: dict[str, int] = {}
+        return np.array([numbers.setdefault(f"\0{row}" if kind == "module" else symbol or "",
+                                            len(numbers))
+                         for row, (symbol, kind) in enumerate(self._symbols)], np.int64)
 
     @cached_property
     def _file_ids(self) -> np.ndarray:
@@ -336,8 +339,7 @@ class Ranker:
     @cached_property
     def _modules(self) -> np.ndarray:
         """Whether each row is a module-level chunk: the only kind a barrel can be."""
-        kinds, codes = distinct(self.rows.column("kind"))
-        return np.array([kind == "module" for kind in kinds.to_pylist()], bool)[codes]
+        return np.array([kind == "module" for _, kind in self._symbols], bool)
 
     def _barrel(self, row: int) -> bool:
         if not self._modules[row]:
