@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 
 from ssindex.query.conventions import DEFINITION_KINDS
-from ssindex.util.arrays import distinct, flags
+from ssindex.util.arrays import distinct, flags, numeric_view
 
 
 class Definitions:
@@ -42,7 +42,7 @@ class Definitions:
             folded = pa.array([name.lower() for name in names.to_pylist()], pa.string())
         order = pc.sort_indices(folded)  # stable: a name's rows stay in row order
         self._folded: list[str] = folded.take(order).to_pylist()
-        self._rows = rows[np.frombuffer(order.buffers()[1], np.uint64)[: len(order)]]
+        self._rows = rows[numeric_view(order, np.uint64)]
         self._names = names.take(order)
 
     def get(self, name: str) -> list[tuple[int, str]]:
