@@ -221,7 +221,3 @@ def test_a_chunk_the_cache_knows_to_fit_is_not_tokenized_again(tmp_path: Path) -
     assert [None if found is None else found.ids.tolist() for found in tokens[1::2]] == [
         found.ids.tolist() for found in measured.measure(chunks[1::2])]
     assert known.fits(chunks) == [True] * len(chunks)
-    forgetful = ModelWindow(model, cache.fitting)
-    forgetful.REMEMBERED = 4  # forgets what it measured (and knew) as it goes
-    assert [found is None for found in forgetful.tokens(chunks)] == [
-        i % 2 == 0 for i in range(len(chunks))]

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from ssindex.backends.base import Encoder
+from ssindex.backends.counter import TokenCounter
 from ssindex.backends.model import ModelSpec
 from ssindex.backends.onnx_backend import OnnxBackend
 from ssindex.backends.torch_backend import TorchBackend
@@ -22,10 +23,10 @@ from ssindex.config import BuildConfig, ChunkConfig, EmbedConfig
 from ssindex.errors import ConfigError
 from ssindex.pipeline.build import build
 from ssindex.query.searcher import Searcher
-from ssindex.records import Chunk, SourceFile, Tokens
+from ssindex.records import SourceFile, Tokens
 from ssindex.stages.chunk import chunk_file
 from ssindex.stages.embed import ModelWindow
-from tests.conftest import run_cli
+from tests.conftest import STDLIB, run_cli
 from tests.tiny_models import ARCHITECTURES, make_model
 
 TEXTS = ["def parse(text):\n    return json.loads(text)", "class Server:\n    pass",
@@ -220,18 +221,44 @@ def test_chunks_fit_the_window_and_cover_the_file(tmp_path: Path) -> None:
     assert all(c.symbol == "long_function" for c in fitted)
 
 
-def test_the_window_remembers_tokens_without_losing_any() -> None:
-    """Measuring more texts than it remembers, some of them known, still measures all."""
-    window = ModelWindow(ModelSpec.resolve(None))
+HOSTILE = ["", " \n ", "[SEP] between [cls] words[MASK]", "naïve café Ångström", "中文字符 한국어",
+           "tab\tvertical\x0bfeed\x0cfile\x1csep\x1fnext\x85nbsp\xa0ideographic\u3000space",
+           "zero\u200bwidth\ufeffbom\ufffdreplacement", "ﬁligature ½ ² ①", "emoji 😀 done",
+           "greek\u037equestion \u1fefvaria", "combining .\u0301 e\u0301 a" + "\u0301" * 40,
+           "x" * 150, "CamelCase_snake 0x1F 3.14e-10", "\x00null\x7fdel\r\n"]
 
-    def chunks(names: range) -> list[Chunk]:
-        return [Chunk(f"{i}", "a.py", "python", 1, 1, f"f{i}", "function",
-                      f"def f{i}(): return {i}", f"{i}", "file") for i in names]
 
-    first = window.measure(chunks(range(3000)))
-    again = window.measure(chunks(range(10)) + chunks(range(3000, 5000)))
-    assert [t.ids.tolist() for t in again[:10]] == [t.ids.tolist() for t in first[:10]]
-    assert len(again) == 2010
+def _fuzz(count: int) -> list[str]:
+    """Random strings over code, punctuation, and the characters tokenizers disagree on."""
+    alphabet = list("abcXYZ019 _.,;:()[]{}'\"\t\n\r#-+=*/\\") + list(
+        "\x00\x01\x0b\x1f\x7f\x85\xa0\u2003\u200b\ufeff\ufffd\u037e\u0301éÅ\u212b中한ﬁ½😀\u00ad’—")
+    rng = np.random.default_rng(7)
+    return ["".join(rng.choice(alphabet, rng.integers(1, 300))) for _ in range(count)]
+
+
+def test_token_counts_are_the_tokenizers_own(tmp_path: Path) -> None:
+    """The chunker's counts (lines and words counted once, remembered) are exactly the
+    tokenizer's: on real code, hostile and random text, for the bundled BERT tokenizer
+    and for a byte-level BPE one (counted whole)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    code = [path.read_text() for path in sorted((STDLIB / "json").glob("*.py"))]
+    texts = code + [line for text in code for line in text.splitlines()] + HOSTILE
+    texts += ["\n".join(HOSTILE), " ".join(HOSTILE), *_fuzz(2000)]
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel()
+    bpe.train_from_iterator(code, trainers.BpeTrainer(vocab_size=400))
+    for tokenizer in (ModelSpec.resolve(None).tokenizer(), bpe):
+        whole = Tokenizer.from_str(tokenizer.to_str())
+        whole.no_truncation()
+        expected = [len(e.ids) for e in whole.encode_batch(texts, add_special_tokens=False)]
+        counter = TokenCounter(tokenizer)
+        assert counter(texts) == expected
+        assert counter(texts[::-1]) == expected[::-1]  # now from what it remembers
+        forgetful = TokenCounter(tokenizer)
+        forgetful.REMEMBERED = 16  # forgets as it goes
+        assert [n for i in range(0, len(texts), 50) for n in forgetful(texts[i:i + 50])] \
+            == expected
 
 
 def test_a_text_longer_than_the_window_is_read_window_by_window(tmp_path: Path) -> None:

@@ -44,6 +44,7 @@ def assert_same_index(built: Path, reference: Path) -> None:
     heads = [index.read_head().data for index in (a, b)]
     assert heads[0]["abstention"] == heads[1]["abstention"]
     assert heads[0]["dense_coverage"] == heads[1]["dense_coverage"] == 1.0
+    assert heads[0]["near_duplicates"] is heads[1]["near_duplicates"] is True
     for key in ("snapshot", "postings"):
         assert a.read_manifest(heads[0][key]).equals(b.read_manifest(heads[1][key]))
 
@@ -175,6 +176,12 @@ def test_a_build_killed_after_its_first_commit_stays_searchable_and_resumes(
     searched = cli_json("search", "parse an email address header", "--index", str(index))
     assert 0.0 < searched["dense_coverage"] < 1.0 and searched["results"]
     assert cli_json("status", "--index", str(index))["build"] is None
+    # its lexical pass marked exact duplicates alone: a --no-embed build does not carry
+    # such a version's verdicts forward (it rebuilds), and keeps its vectors
+    assert IndexDir(index).read_head().data["near_duplicates"] is False
+    lexical = cli_json("build", str(root), "--no-progress", "--no-embed")
+    assert lexical["rows_written"] == lexical["chunks_total"]
+    assert 0.0 < lexical["dense_coverage"] < 1.0
 
     resumed = cli_json("build", str(root), "--no-progress", "--config", config)
     exemplars = resumed["chunks_total"] - resumed["chunks_deduplicated"]

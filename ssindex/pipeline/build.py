@@ -175,7 +175,7 @@ def _progressive(job: _Job, no_embed: bool, activity: Activity, started: Started
     first_build = progressive and previous is None and _many_files(job)
     cached = first_build and _mostly_cached(job)
     if first_build and not cached:
-        first = _commit_once(job, None, True, Started(), None)
+        first = _commit_once(job, None, True, started, None, near=False)
         job.progress.restart(f"searchable now: lexical version of {first['chunks_total']} "
                              f"chunks in {first['wall_seconds']:.1f} s; embedding them next")
         previous = _previous(job.index, job.cfg, job.model, job.progress)
@@ -214,13 +214,18 @@ def _many_files(job: _Job) -> bool:
 
 
 def _commit_once(job: _Job, previous: PreviousIndex | None, no_embed: bool, started: Started,
-                 publisher: Publisher | None, every_core: bool = False) -> dict[str, Any]:
+                 publisher: Publisher | None, every_core: bool = False, near: bool = True,
+                 ) -> dict[str, Any]:
     """Run the stages once and commit what they made; ``every_core`` prepares files on
-    every core even though a model runs (it will embed little)."""
+    every core even though a model runs (it will embed little); ``near``: dedupe finds
+    near duplicates (``BuildPlan.near_duplicates``)."""
     # rows left without a vector make this build a rebuild (vectors reused by key),
-    # written anew: it then equals a build that never left any
-    diffed = previous is not None and (no_embed or previous.dense_coverage == 1.0)
-    plan, encoder, staging = _plan(job, previous, diffed, no_embed, publisher, every_core)
+    # written anew: it then equals a build that never left any; so does a version
+    # whose near duplicates were never looked for
+    diffed = previous is not None and (
+        (no_embed and previous.head.data.get("near_duplicates", True))
+        or previous.dense_coverage == 1.0)
+    plan, encoder, staging = _plan(job, previous, diffed, no_embed, publisher, every_core, near)
     writer = TableWriter(job.index, previous.head if previous and diffed else None,
                          purge=previous is not None and _secrets_tightened(previous, job.cfg))
     outcome = _execute(plan, encoder, writer, previous, job.explicit, job.model, job.progress,
@@ -239,7 +244,7 @@ def _unembedded(previous: PreviousIndex | None, no_embed: bool) -> int:
 
 
 def _plan(job: _Job, previous: PreviousIndex | None, diffed: bool, no_embed: bool,
-          publisher: Publisher | None, every_core: bool = False,
+          publisher: Publisher | None, every_core: bool = False, near: bool = True,
           ) -> tuple[BuildPlan, LazyEncoder, Staging]:
     """The build's plan, its encoder, and the staging area its checkpoints go to;
     ``diffed``: the build carries the previous index's chunks where it can."""
@@ -290,7 +295,7 @@ def _plan(job: _Job, previous: PreviousIndex | None, diffed: bool, no_embed: boo
                      workers=cfg.workers or default_workers(_gpu_embeds(explicit),
                                                             embeds=not (no_embed or
                                                                         every_core)),
-                     embeds=not no_embed)
+                     embeds=not no_embed, near_duplicates=near)
     return plan, encoder, staging
 
 

@@ -95,7 +95,7 @@ def commit(index: IndexDir, plan: BuildPlan, outcome: Outcome, writer: TableWrit
         "settings": {"fingerprint": settings_fingerprint(cfg, model),
                      "config": dataclasses.asdict(cfg)},
         **files, "search_files": SEARCH_FILES_VERSION, "abstention": thresholds.as_json(),
-        "dense_coverage": coverage,
+        "dense_coverage": coverage, "near_duplicates": plan.near_duplicates,
         "files": result["files_indexed"], "chunks": result["chunks_total"], "stats": result,
         "checksums": recorded,
     })

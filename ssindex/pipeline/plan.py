@@ -56,6 +56,10 @@ class BuildPlan:
     embeds: bool = True
     """Whether chunks without a stored vector are embedded; ``False`` (``--no-embed``)
     leaves them without one and never loads the model."""
+    near_duplicates: bool = True
+    """Whether dedupe finds near duplicates (MinHash-LSH) besides exact ones. Not in a
+    progressive build's lexical pass: its version is searched lexically alone and then
+    replaced, and a near-duplicate verdict only decides which rows share a vector."""
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,13 @@
 """Partial versions of a progressive build: more rows dense-searchable every few seconds.
 
 A progressive build first commits a lexical version (every row, BM25 postings,
-no vector: ``build --no-embed``), then embeds. While it embeds, the ``Publisher``
+no vector: ``build --no-embed``, but with exact duplicates alone marked: see
+``BuildPlan.near_duplicates``), then embeds. While it embeds, the ``Publisher``
 receives each checkpointed batch of vectors and, every ``commit.every_seconds``
 or ``commit.every_chunks``, publishes a new version: the lexical version's rows
 and postings with a new snapshot whose ``vec_codes`` hold every vector made so
-far (duplicates take their exemplar's), named ``search-vN-pK.arrow``, and a new
+far (duplicates take their exemplar's; a near duplicate shows its vector from the
+finished version on), named ``search-vN-pK.arrow``, and a new
 ``HEAD.json`` naming it with its ``dense_coverage``. Only a snapshot is written:
 the Lance table, the postings and the build manifest stay the lexical version's,
 so a partial version costs one file write, and the build's last commit

@@ -32,7 +32,7 @@ import math
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from functools import cache
+from functools import lru_cache
 from pathlib import PurePosixPath
 from typing import Any, Protocol
 
@@ -243,18 +243,19 @@ def _token_windows(source: SourceFile, lines: _Lines, span: _Span, window: Windo
     return fitted
 
 
-@cache
-def _parser(language: str) -> Any:
+@lru_cache(maxsize=1)
+def _tree(language: str, text: str) -> Any:
+    """The syntax tree of ``text``, kept for ``chunk_file``'s second pass over the file."""
     from tree_sitter_language_pack import get_parser
 
-    return get_parser(language)  # type: ignore[arg-type]
+    return get_parser(language).parse(text.encode("utf-8"))  # type: ignore[arg-type]
 
 
 def _ast_spans(
     source: SourceFile, lines: _Lines, cfg: ChunkConfig, module: tuple[str, str]
 ) -> list[_Span] | None:
     try:
-        tree = _parser(source.language or "").parse(source.text.encode("utf-8"))
+        tree = _tree(source.language or "", source.text)
     except Exception:  # a grammar that cannot load or parse: line windows instead
         return None
     root = tree.root_node

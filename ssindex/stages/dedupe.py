@@ -108,8 +108,9 @@ def band_keys(signatures: np.ndarray, rows_per_band: int = 8) -> np.ndarray:
 class Deduper:
     """Streaming duplicate finder; feed batches in path order."""
 
-    def __init__(self, cfg: DedupeConfig) -> None:
+    def __init__(self, cfg: DedupeConfig, near: bool = True) -> None:
         self._cfg = cfg
+        self._near = near
         self.sign = Signer(cfg)
         self.rows_per_band = rows_per_band(cfg.near_threshold, cfg.num_perm)
         self._exact: dict[str, str] = {}
@@ -118,9 +119,10 @@ class Deduper:
         self._exemplar_signatures: list[np.ndarray] = []
 
     def classify(self, batch: list[IndexedChunk], stats: DedupeStats) -> None:
-        """Set ``signature`` (when missing) and ``dup_of`` on every row of ``batch``."""
+        """Set ``signature`` (when missing, and near duplicates are looked for) and
+        ``dup_of`` on every row of ``batch``."""
         for row in batch:
-            if row.signature is None and row.stored is None:
+            if row.signature is None and row.stored is None and self._near:
                 row.signature = self.sign(row.chunk.text)
         signed = [i for i, row in enumerate(batch) if row.signature is not None]
         keys = band_keys(np.stack([np.frombuffer(batch[i].signature or b"", np.uint32)
@@ -160,10 +162,12 @@ class Deduper:
 
 
 def dedupe(
-    batches: Iterable[list[IndexedChunk]], cfg: DedupeConfig, stats: DedupeStats
+    batches: Iterable[list[IndexedChunk]], cfg: DedupeConfig, stats: DedupeStats,
+    near: bool = True,
 ) -> Iterator[list[IndexedChunk]]:
-    """Mark each chunk's ``dup_of``; exemplars pass through with ``dup_of = None``."""
-    deduper = Deduper(cfg)
+    """Mark each chunk's ``dup_of``; exemplars pass through with ``dup_of = None``.
+    Without ``near``, only exact duplicates are found (rows carry no signature)."""
+    deduper = Deduper(cfg, near)
     for batch in batches:
         deduper.classify(batch, stats)
         yield batch

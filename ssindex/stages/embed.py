@@ -27,6 +27,7 @@ import numpy as np
 import xxhash
 
 from ssindex.backends.base import tokenized
+from ssindex.backends.counter import TokenCounter
 from ssindex.backends.model import ModelSpec
 from ssindex.records import Chunk, IndexedChunk, Tokens
 
@@ -60,16 +61,14 @@ def embedding_text(chunk: Chunk) -> str:
 
 class ModelWindow:
     """The window chunks are cut to: what the model reads of a document's embedding
-    text. It remembers the tokens it measured, so that the chunks of a file are
-    tokenized once, by the chunker, and the embed stage takes them from here.
+    text. The chunker asks it whether texts fit (their tokens counted, not encoded:
+    ``TokenCounter``); the tokens of the chunks it keeps are measured once, for the
+    embed stage.
 
     ``fitting`` (``VectorCache.fitting``) names the embed keys whose text an earlier
     build measured to fit: those are not tokenized again. A second worktree spent most
     of its build tokenizing chunks only to learn that they fit, for vectors the shared
     cache already held."""
-
-    REMEMBERED = 4096
-    """Texts whose tokens are kept (the chunks of a file or a few)."""
 
     def __init__(self, model: ModelSpec,
                  fitting: Callable[[list[str]], set[str]] | None = None) -> None:
@@ -78,53 +77,40 @@ class ModelWindow:
         prompt = self._tokenizer.encode(self._prompt, add_special_tokens=False).ids \
             if self._prompt else []
         special = self._tokenizer.num_special_tokens_to_add(False)
-        self.limit = max(1, model.window - special - len(prompt))
+        self._capacity = model.window - special
+        """Tokens of a document's prompt and text that the window holds."""
+        self.limit = max(1, self._capacity - len(prompt))
+        self._count = TokenCounter(self._tokenizer)
         self._model_key = model.key
         self._fitting = fitting
-        self._known: dict[str, Tokens] = {}
-        self._fit: set[str] = set()
 
     def measure(self, chunks: list[Chunk]) -> list[Tokens]:
         """Each chunk's embedding text as the model's tokenizer cuts it."""
-        return self._measure([embedding_text(c) for c in chunks])
+        return tokenized(self._tokenizer, [embedding_text(c) for c in chunks], self._prompt)
 
     def fits(self, chunks: list[Chunk]) -> list[bool]:
         """Whether each chunk's embedding text fits the window."""
-        return [tokens is None or not tokens.truncated for tokens in self.tokens(chunks)]
+        counts = self._count([self._prompt + embedding_text(c) for c in chunks])
+        return [count <= self._capacity for count in counts]
 
     def tokens(self, chunks: list[Chunk]) -> list[Tokens | None]:
-        """Each chunk's tokens, measured once; ``None`` for a text the cache knows to fit
-        (its vector is cached, so no tokens are needed)."""
+        """Each chunk's tokens; ``None`` for a text the cache knows to fit (its vector
+        is cached, so no tokens are needed)."""
         texts = [embedding_text(c) for c in chunks]
         fit = self._known_to_fit(texts)
-        fits = [text in fit for text in texts]
-        measured = iter(self._measure([text for text, f in zip(texts, fits, strict=True)
-                                       if not f]))
-        return [None if f else next(measured) for f in fits]
+        missing = [text for text in dict.fromkeys(texts) if text not in fit]
+        measured = dict(zip(missing, tokenized(self._tokenizer, missing, self._prompt)
+                            if missing else [], strict=True))
+        return [measured.get(text) for text in texts]
 
     def line_tokens(self, rows: list[str]) -> list[int]:
-        encodings = self._tokenizer.encode_batch(rows, add_special_tokens=False)
-        return [len(e.ids) for e in encodings]
+        return self._count(rows)
 
     def _known_to_fit(self, texts: list[str]) -> set[str]:
         if self._fitting is None:
             return set()
-        if len(self._fit) > self.REMEMBERED:  # a worktree's every text would stay in memory
-            self._fit.clear()
-        keys = {_text_key(self._model_key, text): text for text in dict.fromkeys(texts)
-                if text not in self._known and text not in self._fit}
-        if keys:
-            self._fit.update(keys[key] for key in self._fitting(list(keys)))
-        return self._fit
-
-    def _measure(self, texts: list[str]) -> list[Tokens]:
-        unique = list(dict.fromkeys(texts))
-        if len(self._known) + len(unique) > self.REMEMBERED:
-            self._known.clear()
-        missing = [text for text in unique if text not in self._known]
-        measured = tokenized(self._tokenizer, missing, self._prompt) if missing else []
-        self._known.update(zip(missing, measured, strict=True))
-        return [self._known[text] for text in texts]
+        keys = {_text_key(self._model_key, text): text for text in dict.fromkeys(texts)}
+        return {keys[key] for key in self._fitting(list(keys))}
 
 
 def embed_key(chunk: Chunk, model_key: str) -> str:

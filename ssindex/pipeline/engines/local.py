@@ -114,7 +114,8 @@ def _produce(plan: BuildPlan, stats: RunStats, progress: Progress,
                                                   plan.index_path), None)
         per_file = clock.timed("chunk", _chunked(plan, candidates, stats, progress), "walk")
         batches = _rebatch(track_chunks(per_file), plan.batch_chunks)
-        yield from clock.timed("dedupe", dedupe(batches, cfg.dedupe, stats.dedupe), "chunk")
+        yield from clock.timed("dedupe", dedupe(batches, cfg.dedupe, stats.dedupe,
+                                                plan.near_duplicates), "chunk")
         stats.row_ids.update(_chunk_ids(stats.manifest))
         return
     files = clock.timed("walk", track_files(walk(
@@ -139,7 +140,7 @@ def _chunked(plan: BuildPlan, candidates: Iterable[Candidate], stats: RunStats,
              progress: Progress) -> Iterator[tuple[SourceFile, list[IndexedChunk]]]:
     """A clean build's files read, chunked and prepared (``engines.pool``)."""
     preparation = Preparation(plan.config, plan.model, plan.model_key, tokenize=plan.embeds,
-                              cache_path=plan.cache_path)
+                              cache_path=plan.cache_path, sign=plan.near_duplicates)
     cuts: dict[str, str | None] = {}
     for source, chunker, rows, cut in prepared(candidates, preparation, plan.workers,
                                                stats.walk):

@@ -76,6 +76,8 @@ class Preparation:
     (``--no-embed``)."""
     cache_path: Path | None = None
     """The shared vector cache: chunks it knows to fit the window are not tokenized."""
+    sign: bool = True
+    """Whether chunks get MinHash signatures (``BuildPlan.near_duplicates``)."""
 
 
 class Preparer:
@@ -86,7 +88,7 @@ class Preparer:
 
     def __init__(self, preparation: Preparation) -> None:
         self._preparation = preparation
-        self._sign = Signer(preparation.config.dedupe)
+        self._sign = Signer(preparation.config.dedupe) if preparation.sign else None
         self._cache = None if preparation.cache_path is None else VectorCache(
             0, preparation.cache_path, readonly=True)
         self._window = ModelWindow(preparation.model,
@@ -101,7 +103,9 @@ class Preparer:
         if source is None:
             return Prepared(None, "", [])
         chunks, chunker, cut = self._chunks(source)
-        rows = [IndexedChunk(c, signature=self._sign(c.text), terms=lexical_terms(c),
+        sign = self._sign
+        rows = [IndexedChunk(c, signature=sign(c.text) if sign else None,
+                             terms=lexical_terms(c),
                              key=embed_key(c, self._preparation.model_key)) for c in chunks]
         if self._preparation.tokenize and rows:  # measured by the chunker: not tokenized again
             for row, tokens in zip(rows, self._window.tokens(chunks), strict=True):
