@@ -236,19 +236,22 @@ def _fuzz(count: int) -> list[str]:
     return ["".join(rng.choice(alphabet, rng.integers(1, 300))) for _ in range(count)]
 
 
-def test_token_counts_are_the_tokenizers_own(tmp_path: Path) -> None:
+def test_token_counts_are_the_tokenizers_own() -> None:
     """The chunker's counts (lines and words counted once, remembered) are exactly the
-    tokenizer's: on real code, hostile and random text, for the bundled BERT tokenizer
-    and for a byte-level BPE one (counted whole)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    tokenizer's: on real code, hostile and random text, for the bundled BERT tokenizer,
+    a byte-level BPE one, and one with tokens added (the last two counted whole)."""
+    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers, trainers
 
     code = [path.read_text() for path in sorted((STDLIB / "json").glob("*.py"))]
     texts = code + [line for text in code for line in text.splitlines()] + HOSTILE
     texts += ["\n".join(HOSTILE), " ".join(HOSTILE), *_fuzz(2000)]
+    texts += ["<CODE> and <co\x00de> and <code>", "foo\tbar", "foo bar"]
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel()
     bpe.train_from_iterator(code, trainers.BpeTrainer(vocab_size=400))
-    for tokenizer in (ModelSpec.resolve(None).tokenizer(), bpe):
+    added = ModelSpec.resolve(None).tokenizer()  # tokens matched after normalization
+    added.add_tokens([AddedToken("<code>", normalized=True), AddedToken("foo bar")])
+    for tokenizer in (ModelSpec.resolve(None).tokenizer(), bpe, added):
         whole = Tokenizer.from_str(tokenizer.to_str())
         whole.no_truncation()
         expected = [len(e.ids) for e in whole.encode_batch(texts, add_special_tokens=False)]

@@ -16,8 +16,9 @@ and pieces are counted once and remembered: a chunker counts the same lines seve
 times over. An ASCII word of letters and digits is only lowercased before WordPiece, so
 the WordPiece model alone counts it. The count is exact, not an estimate: tests compare
 it with the tokenizer on real and hostile text. A text holding one of the tokenizer's
-added tokens (``[SEP]``, matched before normalization), and texts for any other kind of
-tokenizer, are counted by tokenizing them whole.
+added tokens (``[SEP]``, matched before normalization) is counted by tokenizing it whole;
+so is every text for a tokenizer of another kind, or with added tokens matched after
+normalization (``add_tokens`` makes those).
 """
 
 from __future__ import annotations
@@ -35,8 +36,8 @@ _BERT = {"normalizer": "BertNormalizer", "pre_tokenizer": "BertPreTokenizer",
 class TokenCounter:
     """Exact token counts of texts, special tokens not included."""
 
-    REMEMBERED = 1 << 18
-    """Distinct lines, and words, whose counts are kept (about 60 MB in all); then they
+    REMEMBERED = 1 << 16
+    """Distinct lines, and words, whose counts are kept (about 15 MB in all); then they
     are forgotten."""
 
     def __init__(self, tokenizer: Any) -> None:
@@ -49,9 +50,12 @@ class TokenCounter:
         self._lines: dict[str, int] | None = None
         self._words: dict[str, int] = {}
         self._lowercase = bool((described.get("normalizer") or {}).get("lowercase"))
-        if all((described.get(part) or {}).get("type") == kind for part, kind in _BERT.items()):
+        added_tokens = described.get("added_tokens", [])
+        # a normalized added token matches after normalization: only a whole text shows it
+        if all((described.get(part) or {}).get("type") == kind for part, kind in _BERT.items()) \
+                and not any(token.get("normalized") for token in added_tokens):
             self._lines = {}
-            added = [token["content"] for token in described.get("added_tokens", [])]
+            added = [token["content"] for token in added_tokens]
             self._added = re.compile("|".join(map(re.escape, added)) or r"(?!)", re.IGNORECASE)
 
     def __call__(self, texts: list[str]) -> list[int]:

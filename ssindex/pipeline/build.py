@@ -222,9 +222,8 @@ def _commit_once(job: _Job, previous: PreviousIndex | None, no_embed: bool, star
     # rows left without a vector make this build a rebuild (vectors reused by key),
     # written anew: it then equals a build that never left any; so does a version
     # whose near duplicates were never looked for
-    diffed = previous is not None and (
-        (no_embed and previous.head.data.get("near_duplicates", True))
-        or previous.dense_coverage == 1.0)
+    diffed = previous is not None and bool(previous.head.data.get("near_duplicates", True)) \
+        and (no_embed or previous.dense_coverage == 1.0)
     plan, encoder, staging = _plan(job, previous, diffed, no_embed, publisher, every_core, near)
     writer = TableWriter(job.index, previous.head if previous and diffed else None,
                          purge=previous is not None and _secrets_tightened(previous, job.cfg))
