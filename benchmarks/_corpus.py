@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import platform
 import random
 import shutil
@@ -12,6 +13,7 @@ from typing import Any
 
 from ssindex.backends.model import ModelSpec
 from ssindex.config import ChunkConfig, WalkConfig
+from ssindex.index.cache import ENV_SWITCH
 from ssindex.stages.chunk import chunk_file
 from ssindex.stages.embed import ModelWindow, embedding_text
 from ssindex.stages.walk import WalkStats, walk
@@ -26,6 +28,12 @@ def cpu_label() -> str:
         if line.startswith("model name"):
             return line.split(":", 1)[1].strip() + (" (AMX)" if "amx_bf16" in info else "")
     return platform.processor() or "unknown"
+
+
+def without_shared_cache() -> None:
+    """Turn this machine's shared vector cache off here and in child processes, so each
+    build embeds what it measures instead of reusing an earlier build's vectors."""
+    os.environ[ENV_SWITCH] = "off"
 
 
 def stdlib_chunk_texts(count: int, seed: int = 0) -> list[str]:

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _corpus import copy_stdlib, report
+from _corpus import copy_stdlib, report, without_shared_cache
 
 WINDOW = 40
 
@@ -66,6 +66,7 @@ def main() -> None:
     parser.add_argument("--naive-only", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    without_shared_cache()
     if args.naive_only:
         naive(args.naive_only, args.naive_only.parent / "naive-index")
         return

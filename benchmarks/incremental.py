@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _corpus import copy_stdlib, report
+from _corpus import copy_stdlib, report, without_shared_cache
 
 from ssindex import build
 
@@ -40,6 +40,7 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, help="keep the tree, index and full build here")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    without_shared_cache()
     if args.tree is not None:
         report(in_place(args.tree, args.index), args.json)
         return

@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _corpus import NO_FORWARD, copy_stdlib, cpu_label, report
+from _corpus import NO_FORWARD, copy_stdlib, cpu_label, report, without_shared_cache
 
 SMALL = "json,email"
 LARGE = ("asyncio,email,json,http,logging,multiprocessing,concurrent,xml,unittest,importlib,"
@@ -65,6 +65,7 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()))
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    without_shared_cache()
     result: dict[str, object] = {"cpu": cpu_label()}
     for trim, prefix in ((True, ""), (False, "baseline_")):
         small, large = (peak(args.small, trim, args.no_forward, args.workdir),

@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _corpus import NO_FORWARD, copy_stdlib, cpu_label, report
+from _corpus import NO_FORWARD, copy_stdlib, cpu_label, report, without_shared_cache
 
 GPU_CHUNKS_PER_S = 20_000
 """The embed stage's target on a data-center GPU (issue #20), for the projection."""
@@ -62,6 +62,7 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()))
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    without_shared_cache()
     counts = [int(n) for n in args.workers.split(",")]
     result: dict[str, object] = {"cpu": cpu_label()}
     rates: dict[str, float] = {}

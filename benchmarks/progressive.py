@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _corpus import copy_stdlib, cpu_label, report
+from _corpus import copy_stdlib, cpu_label, report, without_shared_cache
 
 from ssindex.query.searcher import Searcher
 from ssindex.tools.evaluate import Dataset, _ranked_docs, metrics, write_tree
@@ -119,6 +119,7 @@ def main() -> None:
     parser.add_argument("--cosqa", default=str(SHARED), help="BEIR dir ('' to skip)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    without_shared_cache()
     result: dict[str, Any] = {"cpu": cpu_label(),
                               "tree": "stdlib" if args.all else args.packages}
     with tempfile.TemporaryDirectory(prefix="ssindex-progressive-") as tmp:

@@ -24,7 +24,7 @@ from typing import Any
 import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _corpus import copy_stdlib, report
+from _corpus import copy_stdlib, report, without_shared_cache
 
 from ssindex import build
 from ssindex.config import DedupeConfig
@@ -89,6 +89,7 @@ def main() -> None:
     parser.add_argument("--actors", type=int, default=None, help="embedding actors")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    without_shared_cache()
     import ray
 
     with tempfile.TemporaryDirectory(prefix="ssindex-ray-") as tmp:

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _corpus import copy_stdlib, cpu_label, report
+from _corpus import copy_stdlib, cpu_label, report, without_shared_cache
 
 from ssindex.backends.model import ModelSpec
 from ssindex.index.layout import IndexDir
@@ -69,6 +69,7 @@ def main() -> None:
     parser.add_argument("--baseline", type=Path, help="a checkout of the code to compare with")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    without_shared_cache()
     tree = args.workdir / "stdlib"
     if not tree.exists():
         copy_stdlib(tree, "", everything=True)
