@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ssindex.backends.base import Encoder
+from ssindex.backends.base import WIDTH_STEP, Encoder, _token_budget_batches
 from ssindex.backends.inventory import Inventory, detect
 from ssindex.backends.model import ModelSpec
 from ssindex.backends.names import BACKENDS, PHASES, parse_overrides
@@ -57,6 +57,30 @@ def test_backend_parity_with_fp32(name: str, model: ModelSpec, texts: list[str],
     cosines = (vectors * reference).sum(axis=1)
     assert cosines.min() >= 0.999, cosines.min()
     assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+
+
+def test_batches_run_in_few_shapes_that_change_no_vector(
+        model: ModelSpec, texts: list[str], reference: np.ndarray) -> None:
+    """Widths round up to ``WIDTH_STEP`` and a short batch's rows to a power of two, so
+    a build runs a bounded set of shapes (oneDNN keeps a primitive per shape); the
+    padding columns and repeated rows leave every text's vector as it was."""
+    rng = np.random.default_rng(0)
+    shapes = set()
+    for _ in range(50):
+        lengths = sorted(rng.integers(1, model.window + 1, 300).tolist(), reverse=True)
+        for rows, (count, width) in _token_budget_batches(lengths, 4096, model.window):
+            assert count >= rows.stop - rows.start and width >= lengths[rows.start]
+            assert width % WIDTH_STEP == 0 or width == model.window
+            shapes.add((count, width))
+    assert len(shapes) <= model.window // WIDTH_STEP * 10, len(shapes)
+    backend = create("torch-cpu-fp32", model, detect())
+    seen: list[tuple[int, ...]] = []
+    forward = backend.forward
+    backend.forward = lambda ids, mask: seen.append(ids.shape) or forward(ids, mask)
+    vectors = Encoder(backend, model, batch_tokens=700).encode(texts)
+    assert any(shape[0] > 1 for shape in seen)
+    assert all(shape[1] % WIDTH_STEP == 0 for shape in seen)
+    assert (vectors * reference).sum(axis=1).min() >= 0.99999
 
 
 def test_compiled_model_matches_fp32_and_caches_no_pickle(
