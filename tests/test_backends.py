@@ -68,15 +68,20 @@ def test_batches_run_in_few_shapes_that_change_no_vector(
     shapes = set()
     for _ in range(50):
         lengths = sorted(rng.integers(1, model.window + 1, 300).tolist(), reverse=True)
-        for rows, (count, width) in _token_budget_batches(lengths, 4096, model.window):
-            assert count >= rows.stop - rows.start and width >= lengths[rows.start]
+        for batch, (rows, width) in _token_budget_batches(lengths, 4096, model.window):
+            assert rows >= batch.stop - batch.start and width >= lengths[batch.start]
             assert width % WIDTH_STEP == 0 or width == model.window
-            shapes.add((count, width))
+            shapes.add((rows, width))
     assert len(shapes) <= model.window // WIDTH_STEP * 10, len(shapes)
     backend = create("torch-cpu-fp32", model, detect())
     seen: list[tuple[int, ...]] = []
     forward = backend.forward
-    backend.forward = lambda ids, mask: seen.append(ids.shape) or forward(ids, mask)
+
+    def recording(input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+        seen.append(input_ids.shape)
+        return forward(input_ids, attention_mask)
+
+    backend.forward = recording
     vectors = Encoder(backend, model, batch_tokens=700).encode(texts)
     assert any(shape[0] > 1 for shape in seen)
     assert all(shape[1] % WIDTH_STEP == 0 for shape in seen)

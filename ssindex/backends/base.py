@@ -124,9 +124,9 @@ class Encoder:
         return pooled / np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
 
     def _forward(self, seqs: list[np.ndarray], shape: tuple[int, int]) -> np.ndarray:
-        """Pooled vectors of ``seqs``, run as a batch of ``shape``: rows past theirs
-        repeat the last sequence (a row with no token would be all padding) and are
-        dropped."""
+        """Pooled vectors of ``seqs``, run as a batch of ``shape``: rows past
+        ``len(seqs)`` repeat the last sequence (a row of padding alone could give NaN)
+        and their vectors are dropped."""
         input_ids = np.full(shape, self.model.pad_id, dtype=np.int64)
         mask = np.zeros(shape, dtype=np.int64)
         for row in range(shape[0]):
@@ -162,7 +162,8 @@ def _token_budget_batches(lengths: list[int], budget: int, window: int,
     batches = []
     start = 0
     while start < len(lengths):
-        width = max(lengths[start], min(-(-lengths[start] // WIDTH_STEP) * WIDTH_STEP, window))
+        longest = lengths[start]
+        width = max(longest, min(-(-longest // WIDTH_STEP) * WIDTH_STEP, window))
         size = max(1, budget // max(width, 1))
         count = min(size, len(lengths) - start)
         rows = min(size, 1 << (count - 1).bit_length())
