@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import random
 import shutil
 import sysconfig
@@ -19,15 +18,6 @@ from ssindex.stages.embed import ModelWindow, embedding_text
 from ssindex.stages.walk import WalkStats, walk
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
-
-
-def cpu_label() -> str:
-    """This machine's CPU model, marked when it has AMX (the figures differ by kind)."""
-    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    for line in info.splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip() + (" (AMX)" if "amx_bf16" in info else "")
-    return platform.processor() or "unknown"
 
 
 def without_shared_cache() -> None:
@@ -47,14 +37,6 @@ def stdlib_chunk_texts(count: int, seed: int = 0) -> list[str]:
             chunks, _ = chunk_file(source, ChunkConfig(), window)
             texts.extend(embedding_text(c) for c in chunks)
     return random.Random(seed).sample(texts, min(count, len(texts)))
-
-
-def model_flops_per_token(config: dict, seq_len: float) -> float:
-    """Forward FLOPs per token: 2 x non-embedding weights, plus attention scores."""
-    hidden, layers = config["hidden_size"], config["num_hidden_layers"]
-    inner = config.get("intermediate_size", 4 * hidden)
-    weights = layers * (4 * hidden * hidden + 2 * hidden * inner)
-    return 2 * weights + layers * 4 * seq_len * hidden
 
 
 def copy_stdlib(root: Path, packages: str, everything: bool) -> None:

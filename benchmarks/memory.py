@@ -22,7 +22,8 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _corpus import NO_FORWARD, copy_stdlib, cpu_label, report, without_shared_cache
+from _corpus import NO_FORWARD, copy_stdlib, report, without_shared_cache
+from _machine import cpu_label
 
 SMALL = "json,email"
 LARGE = ("asyncio,email,json,http,logging,multiprocessing,concurrent,xml,unittest,importlib,"

@@ -23,7 +23,8 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _corpus import NO_FORWARD, copy_stdlib, cpu_label, report, without_shared_cache
+from _corpus import NO_FORWARD, copy_stdlib, report, without_shared_cache
+from _machine import cpu_label
 
 GPU_CHUNKS_PER_S = 20_000
 """The embed stage's target on a data-center GPU (issue #20), for the projection."""

@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _corpus import copy_stdlib, cpu_label, report, without_shared_cache
+from _corpus import copy_stdlib, report, without_shared_cache
+from _machine import cpu_label
 
 from ssindex.query.searcher import Searcher
 from ssindex.tools.evaluate import Dataset, _ranked_docs, metrics, write_tree

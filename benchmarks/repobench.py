@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _corpus import cpu_label
+from _machine import cpu_label
 
 from ssindex import build
 from ssindex.query.filters import Filters

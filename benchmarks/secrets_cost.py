@@ -19,7 +19,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _corpus import STDLIB, cpu_label, report
+from _corpus import STDLIB, report
+from _machine import cpu_label
 
 from ssindex.config import ChunkConfig, DedupeConfig, WalkConfig
 from ssindex.stages.chunk import chunk_file

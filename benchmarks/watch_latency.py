@@ -44,7 +44,8 @@ from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _corpus import cpu_label, report
+from _corpus import report
+from _machine import cpu_label
 
 POLL_S = 0.05
 CLI = str(Path(sys.executable).with_name("ssindex"))

@@ -23,7 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _corpus import copy_stdlib, cpu_label, report, without_shared_cache
+from _corpus import copy_stdlib, report, without_shared_cache
+from _machine import cpu_label
 
 from ssindex.backends.model import ModelSpec
 from ssindex.index.layout import IndexDir

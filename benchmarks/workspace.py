@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _corpus import copy_stdlib, cpu_label, report
+from _corpus import copy_stdlib, report
+from _machine import cpu_label
 
 from ssindex import build
 from ssindex.query.searcher import Searcher

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -73,6 +74,8 @@ def test_batches_run_in_few_shapes_that_change_no_vector(
             assert width % WIDTH_STEP == 0 or width == model.window
             shapes.add((rows, width))
     assert len(shapes) <= model.window // WIDTH_STEP * 10, len(shapes)
+    unrounded = _token_budget_batches(lengths, 4096, model.window, round_rows=False)
+    assert all(rows == batch.stop - batch.start for batch, (rows, _) in unrounded)
     backend = create("torch-cpu-fp32", model, detect())
     seen: list[tuple[int, ...]] = []
     forward = backend.forward
@@ -86,6 +89,34 @@ def test_batches_run_in_few_shapes_that_change_no_vector(
     assert any(shape[0] > 1 for shape in seen)
     assert all(shape[1] % WIDTH_STEP == 0 for shape in seen)
     assert (vectors * reference).sum(axis=1).min() >= 0.99999
+
+
+def test_the_next_batch_starts_before_the_last_one_is_awaited(
+        model: ModelSpec, texts: list[str], reference: np.ndarray) -> None:
+    """A backend with ``submit`` (torch on CUDA) computes while the host pads the next
+    batch: ``Encoder`` starts batch n+1 before it waits for batch n, and the vectors
+    land in their texts' rows. Here the real fp32 backend's pass is deferred until
+    awaited, as a GPU's would finish later."""
+    backend = create("torch-cpu-fp32", model, detect())
+    events: list[str] = []
+
+    def deferred(input_ids: np.ndarray, attention_mask: np.ndarray) -> Callable[[], np.ndarray]:
+        events.append("start")
+
+        def wait() -> np.ndarray:
+            events.append("wait")
+            return backend.forward(input_ids, attention_mask)
+        return wait
+
+    backend.submit = deferred
+    encoder = Encoder(backend, model, batch_tokens=700)
+    vectors = encoder.encode(texts)
+    assert events[:3] == ["start", "start", "wait"] and events.count("start") > 2
+    assert (vectors * reference).sum(axis=1).min() >= 0.99999
+    events.clear()
+    encoder.overlap = False
+    assert np.array_equal(encoder.encode(texts), vectors)
+    assert events[:4] == ["start", "wait", "start", "wait"]
 
 
 def test_compiled_model_matches_fp32_and_caches_no_pickle(

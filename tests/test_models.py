@@ -102,6 +102,26 @@ def test_onnx_agrees_with_torch_per_architecture(tmp_path: Path, architecture: s
     assert float((torch_vectors * onnx_vectors).sum(1).min()) >= 0.999
 
 
+def test_a_model_saved_in_bf16_runs_in_float32_on_the_fp32_backends(tmp_path: Path) -> None:
+    """Many models ship bf16 weights: the fp32 backends and the ONNX export upcast them
+    (left in bf16, ONNX Runtime's CPU kernels refused the graph)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    folder = make_model(tmp_path / "bf16")
+    weights = load_file(folder / "model.safetensors")
+    save_file({name: tensor.to(torch.bfloat16) for name, tensor in weights.items()},
+              folder / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((folder / "config.json").read_text())
+    config.pop("torch_dtype", None)
+    (folder / "config.json").write_text(json.dumps({**config, "dtype": "bfloat16"}))
+    spec = ModelSpec.resolve(folder)
+    backend = TorchBackend(spec, "cpu", "fp32")
+    assert {p.dtype for p in backend._module.parameters()} == {torch.float32}
+    onnx_vectors = Encoder(OnnxBackend(spec), spec).encode(TEXTS)
+    assert float((Encoder(backend, spec).encode(TEXTS) * onnx_vectors).sum(1).min()) >= 0.999
+
+
 def test_prompts_reach_the_tokenizer_at_build_and_at_search(tmp_path: Path) -> None:
     model = make_model(tmp_path / "m", prompts={"query": "query: ", "document": "passage: "})
     tree = tmp_path / "tree"

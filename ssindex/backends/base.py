@@ -8,7 +8,9 @@ short chunks are not padded to the longest one) and L2 normalization.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -22,8 +24,8 @@ from ssindex.util import heap
 DEFAULT_BATCH_TOKENS = 16384
 """Token budget of one forward pass for a backend that names none."""
 WIDTH_STEP = 16
-"""Batch widths are rounded up to a multiple of this, and a short batch's rows to a power
-of two, so a build runs a few dozen batch shapes, not hundreds. Every new shape costs
+"""Batch widths are rounded up to a multiple of this, and on a CPU a short batch's rows to a
+power of two, so a build runs a few dozen batch shapes, not hundreds. Every new shape costs
 oneDNN (torch's CPU kernels) a primitive it keeps in a cache of 1,024: on an AMX Xeon
 over 12,288 stdlib chunks, unbounded shapes grew RSS by ~28 KB a chunk (920 → 1,259 MB);
 a cache of 8 held it to ~8 KB but ran 20% slower, creating primitives each batch."""
@@ -87,6 +89,10 @@ class Encoder:
         self.prompt = model.prompt(role)
         self.stats = EncodeStats()
         self._trimmer = heap.Trimmer()
+        self.overlap = True
+        """Whether the next batch is padded and started before the last one's vectors
+        are awaited: a backend with ``submit`` (torch on CUDA) then computes while the
+        host pads (``benchmarks/gpu_check.py`` measures both)."""
 
     def encode(self, texts: list[str]) -> np.ndarray:
         return self.encode_tokens(self.tokenize(texts))
@@ -110,10 +116,20 @@ class Encoder:
             owners += [row] * len(text.rest)
         out = np.empty((len(seqs), self.model.dim), dtype=np.float32)
         order = np.argsort([-len(seq) for seq in seqs], kind="stable")
+        waiting: tuple[np.ndarray, Callable[[], np.ndarray]] | None = None
         for batch, shape in _token_budget_batches([len(seqs[i]) for i in order],
-                                                  self.batch_tokens, self.model.window):
+                                                  self.batch_tokens, self.model.window,
+                                                  self.backend.device == "cpu"):
             rows = order[batch]
-            out[rows] = self._forward([seqs[i] for i in rows], shape)
+            started = (rows, self._submit([seqs[i] for i in rows], shape))
+            if waiting is not None:
+                self._collect(out, *waiting)
+            waiting = started
+            if not self.overlap:
+                self._collect(out, *waiting)
+                waiting = None
+        if waiting is not None:
+            self._collect(out, *waiting)
         if len(tokens) >= BULK_TEXTS:  # a bulk call: give the batches' tensors back
             self._trimmer.after_batch()
         out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
@@ -123,10 +139,11 @@ class Encoder:
         np.add.at(pooled, owners, out * np.array([[len(seq)] for seq in seqs], np.float32))
         return pooled / np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
 
-    def _forward(self, seqs: list[np.ndarray], shape: tuple[int, int]) -> np.ndarray:
-        """Pooled vectors of ``seqs``, run as a batch of ``shape``: rows past
+    def _submit(self, seqs: list[np.ndarray], shape: tuple[int, int],
+                ) -> Callable[[], np.ndarray]:
+        """Start the pass over ``seqs``, run as a batch of ``shape``: rows past
         ``len(seqs)`` repeat the last sequence (a row of padding alone could give NaN)
-        and their vectors are dropped."""
+        and their vectors are dropped by ``_collect``."""
         input_ids = np.full(shape, self.model.pad_id, dtype=np.int64)
         mask = np.zeros(shape, dtype=np.int64)
         for row in range(shape[0]):
@@ -135,12 +152,26 @@ class Encoder:
             mask[row, : len(seq)] = 1
         self.stats.tokens += sum(len(seq) for seq in seqs)
         self.stats.padded_tokens += mask.size
-        with map_exceptions({runtime_errors(): lambda exc: BackendExecutionError(
-                f"{self.backend.name} failed to encode: {exc}")}):
+        with self._failures():
+            submit = getattr(self.backend, "submit", None)
+            if submit is not None:
+                pending: Callable[[], np.ndarray] = submit(input_ids, mask)
+                return pending
             vectors = self.backend.forward(input_ids, mask)
+        return lambda: vectors
+
+    def _collect(self, out: np.ndarray, rows: np.ndarray,
+                 pending: Callable[[], np.ndarray]) -> None:
+        """Wait for a batch's vectors and put them in ``out``'s ``rows``."""
+        with self._failures():
+            vectors = pending()
         if not np.all(np.isfinite(vectors)):
             raise BackendExecutionError(f"{self.backend.name} produced non-finite vectors")
-        return vectors[: len(seqs), : self.model.dim]  # Matryoshka dims; renormalized later
+        out[rows] = vectors[: len(rows), : self.model.dim]  # Matryoshka dims; renormalized later
+
+    def _failures(self) -> contextlib.AbstractContextManager[None]:
+        return map_exceptions({runtime_errors(): lambda exc: BackendExecutionError(
+            f"{self.backend.name} failed to encode: {exc}")})
 
 
 def tokenized(tokenizer: Any, texts: list[str], prompt: str = "") -> list[Tokens]:
@@ -156,9 +187,11 @@ def tokenized(tokenizer: Any, texts: list[str], prompt: str = "") -> list[Tokens
 
 
 def _token_budget_batches(lengths: list[int], budget: int, window: int,
-                          ) -> list[tuple[slice, tuple[int, int]]]:
+                          round_rows: bool = True) -> list[tuple[slice, tuple[int, int]]]:
     """Consecutive slices of length-sorted (descending) sequences within a token budget,
-    each with the (rows, width) shape it runs as (``WIDTH_STEP``)."""
+    each with the (rows, width) shape it runs as (``WIDTH_STEP``). ``round_rows=False``
+    keeps a short batch's rows as they are: on a GPU, where shapes cost no cache and a
+    large budget would pad a batch of 4,100 rows to 8,192."""
     batches = []
     start = 0
     while start < len(lengths):
@@ -166,7 +199,7 @@ def _token_budget_batches(lengths: list[int], budget: int, window: int,
         width = max(longest, min(-(-longest // WIDTH_STEP) * WIDTH_STEP, window))
         size = max(1, budget // max(width, 1))
         count = min(size, len(lengths) - start)
-        rows = min(size, 1 << (count - 1).bit_length())
+        rows = min(size, 1 << (count - 1).bit_length()) if round_rows else count
         batches.append((slice(start, start + count), (rows, width)))
         start += count
     return batches

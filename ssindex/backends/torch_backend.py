@@ -9,6 +9,7 @@ enough to repay its ~15-20 s of compiling.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -34,9 +35,12 @@ GPU_BYTES_PER_TOKEN = 64 << 10
 
 def load_torch_model(model: ModelSpec, device: str, dtype: Any | None = None,
                      attention: str | None = None) -> Any:
-    """The transformer weights from safetensors only (never a pickle); ``attention``
+    """The transformer weights from safetensors only (never a pickle), in ``dtype``
+    (float32 when ``None``, whatever the file stores: a model saved in bf16 would
+    otherwise run in bf16 on the fp32 backends and the ONNX export); ``attention``
     picks the attention implementation (transformers' default when ``None``). A model
     transformers cannot build is one ``BackendUnavailable`` line naming its architecture."""
+    import torch
     from transformers import AutoModel
     from transformers.utils import logging
 
@@ -49,9 +53,7 @@ def load_torch_model(model: ModelSpec, device: str, dtype: Any | None = None,
         raise BackendUnavailable(f"torch cannot load {model.name} ({model.card.architecture}):"
                                  f" {first_line(exc)}") from exc
     module.eval()
-    if dtype is not None:
-        module = module.to(dtype)
-    return module.to(device)
+    return module.to(device=device, dtype=dtype or torch.float32)
 
 
 class TorchBackend:
@@ -77,6 +79,10 @@ class TorchBackend:
         self._compiled: Any = None
         self._torch = torch
         self.batch_tokens = _batch_tokens(torch, device, precision)
+        self.pinned = True
+        """On CUDA, whether batches travel through pinned (page-locked) host memory,
+        which lets their copies run asynchronously (``benchmarks/gpu_check.py``
+        measures both)."""
 
     @property
     def compiled(self) -> bool:
@@ -107,16 +113,44 @@ class TorchBackend:
         self._compiled = compiled
 
     def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
-        # a one-row batch would make dynamo specialize on the size 1 and compile again
-        module = self._compiled if self._compiled is not None and len(input_ids) > 1 \
-            else self._module
-        return self._run(module, input_ids, attention_mask)
+        if self.device.startswith("cuda"):
+            return self.submit(input_ids, attention_mask)()
+        return self._run(self._module_for(input_ids), input_ids, attention_mask).cpu().numpy()
 
-    def _run(self, module: Any, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+    def submit(self, input_ids: np.ndarray, attention_mask: np.ndarray,
+               ) -> Callable[[], np.ndarray]:
+        """Start a forward pass; the returned call waits for its pooled vectors. On CUDA
+        the pass runs on while the caller pads the next batch (``Encoder`` keeps one in
+        flight): the inputs go up from pinned host memory, the vectors come back into
+        pinned memory, and only the returned call waits, on one event. Elsewhere the
+        pass runs before this returns."""
+        if not self.device.startswith("cuda"):
+            computed = self.forward(input_ids, attention_mask)
+            return lambda: computed
+        torch = self._torch
+        pooled = self._run(self._module_for(input_ids), input_ids, attention_mask)
+        host = torch.empty(pooled.shape, dtype=torch.float32, pin_memory=self.pinned)
+        host.copy_(pooled, non_blocking=self.pinned)
+        done = torch.cuda.Event()
+        done.record()
+
+        def vectors() -> np.ndarray:
+            done.synchronize()
+            return host.numpy()
+
+        return vectors
+
+    def _module_for(self, input_ids: np.ndarray) -> Any:
+        # a one-row batch would make dynamo specialize on the size 1 and compile again
+        return self._compiled if self._compiled is not None and len(input_ids) > 1 \
+            else self._module
+
+    def _run(self, module: Any, input_ids: np.ndarray, attention_mask: np.ndarray) -> Any:
+        """The pooled float32 vectors of one batch, on the device."""
         torch = self._torch
         ids = torch.from_numpy(input_ids)
         mask = torch.from_numpy(attention_mask)
-        if self.device.startswith("cuda"):
+        if self.device.startswith("cuda") and self.pinned:
             ids = ids.pin_memory().to(self.device, non_blocking=True)
             mask = mask.pin_memory().to(self.device, non_blocking=True)
         elif self.device != "cpu":
@@ -126,8 +160,7 @@ class TorchBackend:
             model_mask = ((1 - mask[:, None, None, :].half()) * MPS_MASK_FILL).half()
         with torch.inference_mode():
             hidden = module(input_ids=ids, attention_mask=model_mask).last_hidden_state
-            pooled = self._head(hidden, mask)
-        return pooled.float().cpu().numpy()
+            return self._head(hidden, mask).float()
 
 
 def _batch_tokens(torch: Any, device: str, precision: str) -> int:
