@@ -10,6 +10,7 @@ from ssindex.config import ChunkConfig, DedupeConfig, WalkConfig
 from ssindex.records import Chunk, IndexedChunk, SourceFile
 from ssindex.stages.chunk import chunk_file, chunk_id, normalized_hash
 from ssindex.stages.dedupe import (
+    Buckets,
     DedupeStats,
     Signer,
     band_keys,
@@ -94,20 +95,38 @@ def test_band_keys_match_only_equal_bands() -> None:
     assert len(set(keys[0].tolist())) == 16
 
 
+def _json_with_copies() -> list[Chunk]:
+    """The chunks of the stdlib's ``json``, then a near copy of a near copy (the second
+    must match the first exemplar, not chain), an exact copy of a near copy, and
+    whitespace-only copies."""
+    chunks = [c for source in walk(STDLIB / "json", WalkConfig(), WalkStats())
+              for c in chunk_file(source, ChunkConfig())[0]]
+    base = max(chunks, key=lambda c: len(c.text)).text
+    near = base.replace("self", "this", 1)
+    nearer = near.replace("self", "this", 1)
+    return [*chunks, _chunk("z1.py", near), _chunk("z2.py", nearer),
+            _chunk("z3.py", near + "\n"), _chunk("z4.py", base.replace("    ", "\t"))]
+
+
+def test_verdicts_hold_when_band_keys_settle_into_arrays(monkeypatch: pytest.MonkeyPatch,
+                                                        ) -> None:
+    """``Buckets`` keeps a batch's keys in a dict and merges them into sorted arrays
+    after it: merged or not, a key finds the same exemplars."""
+    chunks = _json_with_copies()
+    expected, stats = _verdicts(chunks)  # one batch: no key is merged
+    monkeypatch.setattr(Buckets, "RECENT", 1)  # merged after every batch
+    merged = DedupeStats()
+    batches = [[IndexedChunk(c) for c in chunks[i:i + 7]] for i in range(0, len(chunks), 7)]
+    rows = [r for batch in dedupe(batches, DedupeConfig(), merged) for r in batch]
+    assert [r.dup_of for r in rows] == expected
+    assert (merged.exact, merged.near) == (stats.exact, stats.near) and stats.near >= 2
+
+
 def test_bucket_replay_reaches_the_streaming_verdicts() -> None:
     """The distributed form (LSH buckets anywhere, then a replay in path order) must
     equal the streaming deduper on real code with chains of near and exact copies."""
     cfg = DedupeConfig()
-    chunks = [c for source in walk(STDLIB / "json", WalkConfig(), WalkStats())
-              for c in chunk_file(source, ChunkConfig())[0]]
-    # a near copy of a near copy (the second must match the first exemplar, not chain),
-    # an exact copy of a near copy, and whitespace-only copies
-    base = max(chunks, key=lambda c: len(c.text)).text
-    near = base.replace("self", "this", 1)
-    nearer = near.replace("self", "this", 1)
-    extra = [_chunk("z1.py", near), _chunk("z2.py", nearer), _chunk("z3.py", near + "\n"),
-             _chunk("z4.py", base.replace("    ", "\t"))]
-    chunks += extra
+    chunks = _json_with_copies()
     expected, stats = _verdicts(chunks)
 
     sign = Signer(cfg)

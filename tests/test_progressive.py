@@ -94,6 +94,7 @@ def test_no_embed_builds_a_lexical_index_that_a_plain_build_completes(
                     _config(tmp_path, PARTIAL))
     assert done["dense_coverage"] == 1.0 and done["chunks_embedded"] > 0
     assert done["partial_commits"] >= 1  # the plain build completed it progressively
+    assert done["search_files"] == "revectored"
     assert_same_index(index, reference / ".ssindex")
     assert _size(index) <= 1.1 * _size(reference / ".ssindex")
 
@@ -142,9 +143,25 @@ def test_a_progressive_build_is_searchable_before_it_embeds_and_readers_see_whol
     stats = json.loads(out)
     assert stats["first_commit_seconds"] < stats["wall_seconds"]
     assert stats["partial_commits"] >= 2
+    assert stats["search_files"] == "revectored"  # the lexical version's postings, linked
     assert "searchable now: lexical version of" in err
     assert_same_index(index, reference / ".ssindex")
     assert _size(index) <= 1.1 * _size(reference / ".ssindex")
+
+
+def test_a_file_changed_between_the_passes_gets_its_search_files_written(
+        tmp_path: Path) -> None:
+    """The finished version links the lexical version's postings only when its rows are
+    the same: here one file changed after the lexical pass."""
+    root = copy_stdlib(tmp_path / "tree", "json")
+    cli_json("build", str(root), "--no-progress", "--no-embed")
+    tool = root / "json" / "tool.py"
+    tool.write_text(tool.read_text() + "\n\ndef zebra_crossing_marker():\n    return 1\n")
+    done = cli_json("build", str(root), "--no-progress")
+    assert done["search_files"] == "written" and done["dense_coverage"] == 1.0
+    found = cli_json("search", "zebra_crossing_marker", "--index", str(root / ".ssindex"),
+                     "--mode", "lexical")
+    assert found["results"][0]["path"] == "json/tool.py"
 
 
 def _wait_for(predicate: Any, build: subprocess.Popen[str], what: str) -> None:

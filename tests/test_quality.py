@@ -8,9 +8,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
+from ssindex.codec import StoredVectors, quantize_matrix, stored_vectors
 from ssindex.errors import ConfigError
+from ssindex.index import abstention
 from ssindex.index.abstention import (
     CALIBRATION_QUERIES,
     TermStats,
@@ -158,3 +161,21 @@ def test_incremental_recalibration_equals_a_full_one() -> None:
         assert updated.lexical == full.lexical
         assert abs(updated.nearest_cosine - full.nearest_cosine) < 1e-5
     assert recalibrate(before, stats, written, new_ids, {before.nearest}, embed) is None
+
+
+def test_calibration_reads_stored_codes_block_by_block(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Scored ``BLOCK`` rows at a time, straight from the stored codes, the thresholds are
+    those of every decoded row at once."""
+    rng = np.random.default_rng(1)
+    queries = rng.normal(size=(CALIBRATION_QUERIES, 16)).astype(np.float32)
+    vectors = rng.normal(size=(300, 16)).astype(np.float32)
+    codes, scales = quantize_matrix(vectors, "int8")
+    rows = pa.table({"vec_codes": pa.array([c.tobytes() for c in codes], pa.binary()),
+                     "vec_scale": pa.array(scales, pa.float32())})
+    ids = [f"r{i}" for i in range(300)]
+    stats = TermStats({"gate": 0}, np.array([3]))
+    whole = calibrate(stats, stored_vectors(rows, "int8", 16), ids, lambda texts: queries)
+    monkeypatch.setattr(abstention, "BLOCK", 7)
+    blocked = calibrate(stats, StoredVectors(rows, "int8", 16), ids, lambda texts: queries)
+    assert blocked.nearest == whole.nearest
+    assert abs(blocked.nearest_cosine - whole.nearest_cosine) < 1e-6

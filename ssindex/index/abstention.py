@@ -23,13 +23,15 @@ import random
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from functools import cache, cached_property
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from ssindex.text.lexical import query_terms
 
 CALIBRATION_QUERIES = 200
+BLOCK = 8192
+"""Rows scored at a time against the nonsense queries (a 200 x 8,192 float32 block)."""
 _ONSETS = ["b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "gl",
            "kr", "pl", "st", "tr", "sk", "fl", "dr", "sn"]
 _VOWELS = ["a", "e", "i", "o", "u", "ai", "ou", "ee", "oa"]
@@ -83,13 +85,21 @@ def _calibration_queries() -> tuple[str, ...]:
     return tuple(nonsense_queries(CALIBRATION_QUERIES, seed=0))
 
 
-def calibrate(stats: TermStats, matrix: np.ndarray, ids: Sequence[str], embed: Any) -> Thresholds:
+class Rows(Protocol):
+    """Row vectors to score: an array, or ``codec.StoredVectors`` decoding them lazily."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, rows: slice) -> np.ndarray: ...
+
+
+def calibrate(stats: TermStats, matrix: Rows, ids: Sequence[str], embed: Any) -> Thresholds:
     """Thresholds just above what nonsense queries reach on this index (rows ``ids``,
     their vectors ``matrix``)."""
     return _thresholds(stats, *_nearest(matrix, ids, embed))
 
 
-def recalibrate(previous: Thresholds, stats: TermStats, written: np.ndarray,
+def recalibrate(previous: Thresholds, stats: TermStats, written: Rows,
                 written_ids: Sequence[str], removed: set[str], embed: Any) -> Thresholds | None:
     """``calibrate`` for an index that differs from the previous one by rows ``written``
     (new or replaced) and ids ``removed``, from the new rows alone; ``None`` when the
@@ -104,13 +114,19 @@ def recalibrate(previous: Thresholds, stats: TermStats, written: np.ndarray,
     return _thresholds(stats, nearest, cosine)
 
 
-def _nearest(matrix: np.ndarray, ids: Sequence[str], embed: Any) -> tuple[str | None, float]:
-    """The row a nonsense query comes closest to, and that cosine."""
+def _nearest(matrix: Rows, ids: Sequence[str], embed: Any) -> tuple[str | None, float]:
+    """The row a nonsense query comes closest to (the first, on a tie), and that cosine;
+    the rows are read ``BLOCK`` at a time."""
     if not len(matrix):
         return None, 0.0
-    cosines = np.asarray(embed(list(_calibration_queries()))) @ matrix.T
-    row = int(np.argmax(cosines.max(axis=0)))
-    return ids[row], float(cosines[:, row].max())
+    queries = np.asarray(embed(list(_calibration_queries())))
+    nearest, best = 0, -math.inf
+    for start in range(0, len(matrix), BLOCK):
+        closest = (queries @ matrix[start:start + BLOCK].T).max(axis=0)
+        row = int(np.argmax(closest))
+        if closest[row] > best:
+            nearest, best = start + row, float(closest[row])
+    return ids[nearest], best
 
 
 def _thresholds(stats: TermStats, nearest: str | None, cosine: float) -> Thresholds:

@@ -38,7 +38,7 @@ from ssindex.errors import (
     storage_faults,
 )
 from ssindex.index.activity import running_build
-from ssindex.util.fsio import atomic_file, atomic_write_bytes
+from ssindex.util.fsio import atomic_file, atomic_link, atomic_write_bytes
 
 FORMAT_VERSION = 1
 TABLE = "chunks"
@@ -189,6 +189,13 @@ class IndexDir:
                 self.path / "manifests" / name) as f, ipc.new_file(f, table.schema) as writer:
             writer.write_table(table)
         return name
+
+    def link_manifest(self, name: str, new_name: str) -> str:
+        """Another name for manifest ``name`` (a later version's search file that did not
+        change); manifests are never rewritten, so the two may share their bytes."""
+        with storage_faults(f"manifests/{new_name}", self.path):
+            atomic_link(self.path / "manifests" / name, self.path / "manifests" / new_name)
+        return new_name
 
     def prune_manifests(self, keep: set[str], min_age_s: float = 3600) -> None:
         """Delete per-version manifests not named in ``keep``: at once when their version

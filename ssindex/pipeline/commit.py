@@ -15,12 +15,17 @@ import xxhash
 from ssindex.backends.base import EncodeStats
 from ssindex.backends.model import ModelSpec
 from ssindex.backends.selector import BackendReport
-from ssindex.codec import bytes_per_vector, dense_coverage, stored_vectors
+from ssindex.codec import StoredVectors, bytes_per_vector, dense_coverage
 from ssindex.config import BuildConfig
 from ssindex.index.abstention import Thresholds, calibrate, recalibrate
 from ssindex.index.integrity import checksums, table_files
 from ssindex.index.layout import FORMAT_VERSION, MANIFEST_SCHEMA, IndexDir, now_iso
-from ssindex.index.search_files import SEARCH_FILES_VERSION, update_search_files, write_search_files
+from ssindex.index.search_files import (
+    SEARCH_FILES_VERSION,
+    revectored_search_files,
+    update_search_files,
+    write_search_files,
+)
 from ssindex.index.table import TableWriter
 from ssindex.pipeline.encoder import LazyEncoder
 from ssindex.pipeline.engines.common import RunStats
@@ -70,14 +75,16 @@ def commit(index: IndexDir, plan: BuildPlan, outcome: Outcome, writer: TableWrit
         files = {name: kept[name] for name in HEAD_FILES[1:]}
         thresholds = Thresholds(**kept["abstention"])
         coverage = float(kept.get("dense_coverage", 1.0))
+        how = "kept"
     else:
-        files, thresholds, coverage = search_files_of(
-            index, version, outcome.encoder, plan.model_key, kept,
+        files, thresholds, coverage, how = search_files_of(
+            index, version, outcome.encoder, plan.model_key, kept, current,
             writer.changes if current else None)
     result = build_stats(stats, outcome.encode, outcome.backend, model, cfg,
                          outcome.write_seconds, writer, previous)
     result["engine"] = outcome.engine
     result["dense_coverage"] = coverage
+    result["search_files"] = how
     result["wall_seconds"] = round(time.perf_counter() - started.seconds, 3)
     # manifests are hashed afresh (one may have been rewritten under its name, repaired);
     # Lance files are never rewritten, so the previous head's hashes of them hold
@@ -110,25 +117,32 @@ def commit(index: IndexDir, plan: BuildPlan, outcome: Outcome, writer: TableWrit
 
 
 def search_files_of(index: IndexDir, version: int, encoder: LazyEncoder, model_key: str,
-                    previous: dict[str, Any], changes: tuple[pa.Table, set[str]] | None,
-                    ) -> tuple[dict[str, str], Thresholds, float]:
+                    previous: dict[str, Any], current: bool,
+                    changes: tuple[pa.Table, set[str]] | None,
+                    ) -> tuple[dict[str, str], Thresholds, float, str]:
     """The search files of the committed version (``ssindex.index.search_files``),
-    abstention thresholds calibrated on its rows, and the share of its rows that have
-    a vector. ``changes`` (rows written, ids deleted) against the version whose search
-    files ``previous`` names update those; without, they are written from the table.
+    abstention thresholds calibrated on its rows, the share of its rows that have a
+    vector, and how the files were made. ``changes`` (rows written, ids deleted)
+    against the version whose search files ``previous`` names (``current``: in this
+    layout) update those; without, the same rows with new vectors take their postings
+    (``revectored``); else they are written from the table.
 
     The nonsense queries' vectors depend on the model alone, so they are kept
     beside the index and a rebuild that embeds nothing never loads the model. An
     index with rows still to embed is calibrated lexically alone: searches do not
     abstain on it (``Searcher``), so a ``--no-embed`` build never loads the model."""
+    made = None
     if changes is not None:
-        files, data, stats = update_search_files(index, version, previous, *changes)
-    else:
-        files, data, stats = write_search_files(index, version)
+        made, how = update_search_files(index, version, previous, *changes), "updated"
+    elif current:
+        made, how = revectored_search_files(index, version, previous), "revectored"
+    if made is None:
+        made, how = write_search_files(index, version), "written"
+    files, data, stats = made
     coverage = dense_coverage(data.column("vec_codes"))
     if coverage < 1.0:
         return files, calibrate(stats, np.zeros((0, encoder.model.dim), np.float32), [],
-                                None), coverage
+                                None), coverage, how
     key = xxhash.xxh3_64_hexdigest(model_key.encode())
     cache = index.path / "manifests" / f"nonsense-{key}.arrow"
 
@@ -141,17 +155,17 @@ def search_files_of(index: IndexDir, version: int, encoder: LazyEncoder, model_k
             list(vectors), type=pa.list_(pa.float32()))}))
         return vectors
 
-    def vectors(rows: pa.Table) -> np.ndarray:
-        return stored_vectors(rows, encoder.quantization, encoder.model.dim)
+    def vectors(rows: pa.Table) -> StoredVectors:
+        return StoredVectors(rows, encoder.quantization, encoder.model.dim)
 
     if changes is not None and previous.get("dense_coverage", 1.0) == 1.0:
         written, removed = changes
         thresholds = recalibrate(Thresholds(**previous["abstention"]), stats, vectors(written),
                                  written.column("id").to_pylist(), removed, embed)
         if thresholds is not None:
-            return files, thresholds, coverage
+            return files, thresholds, coverage, how
     return files, calibrate(stats, vectors(data), data.column("id").to_pylist(),
-                            embed), coverage
+                            embed), coverage, how
 
 
 def build_stats(stats: RunStats, encode: EncodeStats | None, backend: BackendReport,

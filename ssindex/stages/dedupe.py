@@ -16,8 +16,8 @@ one numpy expression, which makes a re-dedupe of 60k chunks take a fraction of
 a second instead of seconds. At the default threshold, 16 bands of 8 rows (128
 permutations) find pairs at Jaccard 0.9 with probability > 0.999.
 
-State grows with the exemplars: one hash entry, 16 band keys and a 512-byte
-signature each; 1M chunks cost about 1 GiB.
+State grows with the exemplars: one hash entry, 16 band keys (12 bytes each,
+``Buckets``) and a 512-byte signature each; 1M chunks cost about 0.8 GiB.
 
 An incremental build replays only what its changes can reach
 (``dedupe_changes``): on the standard library (62k chunks) one edited file
@@ -105,6 +105,59 @@ def band_keys(signatures: np.ndarray, rows_per_band: int = 8) -> np.ndarray:
     return keys
 
 
+class Buckets:
+    """LSH buckets: which exemplars (by position) have each band key.
+
+    A dict of lists held ~150 B per key, 16 keys per exemplar: ~150 MB for the standard
+    library's 60k exemplars, grown through the whole build. Here keys settle into two
+    sorted numpy arrays (12 B per key) and only the latest ones stay in a dict. Lookups
+    for a batch's rows read the sorted arrays in one ``searchsorted``, so merging waits
+    for the end of a batch (``settle``)."""
+
+    RECENT = 1 << 16
+    """Keys kept in the dict before they are merged into the arrays."""
+
+    def __init__(self) -> None:
+        self._keys = np.zeros(0, np.uint64)
+        self._members = np.zeros(0, np.int64)
+        self._recent: dict[int, list[int]] = {}
+        self._recent_keys = 0
+
+    def settled(self, keys: np.ndarray) -> list[set[int]]:
+        """For each row of ``keys`` (rows, bands), the exemplars merged into the arrays
+        that share one of its keys."""
+        flat = keys.ravel()
+        left = np.searchsorted(self._keys, flat, "left").reshape(keys.shape)
+        right = np.searchsorted(self._keys, flat, "right").reshape(keys.shape)
+        found: list[set[int]] = [set() for _ in range(len(keys))]
+        for row, band in zip(*np.nonzero(right > left), strict=True):
+            found[row].update(self._members[left[row, band]:right[row, band]].tolist())
+        return found
+
+    def recent(self, keys: list[int]) -> set[int]:
+        """The exemplars not yet merged that share one of ``keys``."""
+        return {member for key in keys for member in self._recent.get(key, ())}
+
+    def add(self, keys: list[int], member: int) -> None:
+        for key in keys:
+            self._recent.setdefault(key, []).append(member)
+        self._recent_keys += len(keys)
+
+    def settle(self) -> None:
+        """Merge the recent keys into the arrays once there are ``RECENT`` of them."""
+        if self._recent_keys < self.RECENT:
+            return
+        keys = np.fromiter((key for key, members in self._recent.items() for _ in members),
+                           np.uint64, self._recent_keys)
+        members = np.fromiter((m for ms in self._recent.values() for m in ms), np.int64,
+                              self._recent_keys)
+        keys, members = np.concatenate([self._keys, keys]), np.concatenate([self._members,
+                                                                            members])
+        order = np.argsort(keys, kind="stable")
+        self._keys, self._members = keys[order], members[order]
+        self._recent, self._recent_keys = {}, 0
+
+
 class Deduper:
     """Streaming duplicate finder; feed batches in path order."""
 
@@ -114,7 +167,7 @@ class Deduper:
         self.sign = Signer(cfg)
         self.rows_per_band = rows_per_band(cfg.near_threshold, cfg.num_perm)
         self._exact: dict[str, str] = {}
-        self._buckets: dict[int, list[int]] = {}
+        self._buckets = Buckets()
         self._exemplar_ids: list[str] = []
         self._exemplar_signatures: list[np.ndarray] = []
 
@@ -128,11 +181,16 @@ class Deduper:
         keys = band_keys(np.stack([np.frombuffer(batch[i].signature or b"", np.uint32)
                                    for i in signed]), self.rows_per_band) if signed else None
         key_of = dict(zip(signed, keys if keys is not None else [], strict=True))
+        settled = dict(zip(signed, self._buckets.settled(keys) if keys is not None else [],
+                           strict=True))
         for index, row in enumerate(batch):
-            row.dup_of = self._verdict(row, key_of.get(index), stats)
+            row.dup_of = self._verdict(row, key_of.get(index), settled.get(index, set()),
+                                       stats)
+        self._buckets.settle()
 
-    def _verdict(self, row: IndexedChunk, keys: np.ndarray | None,
+    def _verdict(self, row: IndexedChunk, keys: np.ndarray | None, settled: set[int],
                  stats: DedupeStats) -> str | None:
+        """``settled``: the candidates of ``keys`` merged before this batch."""
         chunk = row.chunk
         exemplar = self._exact.get(chunk.content_hash)
         if exemplar is not None:
@@ -143,7 +201,7 @@ class Deduper:
             return None
         signature = np.frombuffer(row.signature, np.uint32)
         best: tuple[float, int] | None = None
-        for candidate in {c for key in keys.tolist() for c in self._buckets.get(key, ())}:
+        for candidate in settled | self._buckets.recent(keys.tolist()):
             similarity = float(np.mean(self._exemplar_signatures[candidate] == signature))
             if similarity >= self._cfg.near_threshold and (
                     best is None or (similarity, -candidate) > (best[0], -best[1])):
@@ -156,8 +214,7 @@ class Deduper:
         position = len(self._exemplar_ids)
         self._exemplar_ids.append(chunk.id)
         self._exemplar_signatures.append(signature)
-        for key in keys.tolist():
-            self._buckets.setdefault(key, []).append(position)
+        self._buckets.add(keys.tolist(), position)
         return None
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,3 +37,17 @@ def atomic_file(path: Path) -> Iterator[BinaryIO]:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def atomic_link(source: Path, path: Path) -> None:
+    """Give the immutable file ``source`` a second name, ``path``, atomically: a hard
+    link (no bytes copied), or a copy where the file system has none."""
+    temporary = path.with_name(f".{path.name}.link")
+    temporary.unlink(missing_ok=True)
+    try:
+        os.link(source, temporary)
+    except OSError:
+        with atomic_file(path) as f, source.open("rb") as data:
+            shutil.copyfileobj(data, f)
+        return
+    os.replace(temporary, path)
