@@ -10,6 +10,7 @@ from ssindex.codec import (
     quantize_matrix,
     stored_scores,
 )
+from ssindex.stages.embed import Exemplars
 
 
 @pytest.mark.parametrize(("method", "min_cosine"), [("none", 0.999999), ("int8", 0.999),
@@ -33,6 +34,24 @@ def test_requantizing_dequantized_codes_is_exact() -> None:
         codes, scales = quantize_matrix(vectors, method)  # type: ignore[arg-type]
         again = quantize_matrix(dequantize_matrix(codes, scales, method, 384), method)  # type: ignore[arg-type]
         assert np.array_equal(again[0], codes) and np.allclose(again[1], scales)
+
+
+@pytest.mark.parametrize("method", ["int8", "int4", "none"])
+def test_a_duplicate_takes_its_exemplars_codes(method: str) -> None:
+    """The embed stage keeps exemplars as codes (``Exemplars``); a duplicate's decoded
+    vector stores as the exemplar's own codes, its scale within an ulp."""
+    rng = np.random.default_rng(2)
+    vectors = rng.normal(size=(500, 383)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    ids = [f"c{i}" for i in range(len(vectors))]
+    exemplars = Exemplars(method)  # type: ignore[arg-type]
+    exemplars.keep([*ids, "none"], [*vectors, None])
+    assert exemplars.vector("none") is None
+    copied = np.stack([exemplars.vector(i) for i in ids])
+    codes, scales = quantize_matrix(vectors, method)  # type: ignore[arg-type]
+    again, again_scales = quantize_matrix(copied, method)  # type: ignore[arg-type]
+    assert np.array_equal(again, codes)
+    assert np.allclose(again_scales, scales, rtol=2**-22, atol=0)
 
 
 def test_zero_vector_does_not_divide_by_zero() -> None:

@@ -81,7 +81,8 @@ def run_local(plan: BuildPlan, stats: RunStats, progress: Progress) -> Iterator[
     handed = clock.timed("wait", _prefetch(_produce(plan, stats, progress), depth=8), None)
     encoder = plan.encoder if plan.embeds else None
     embedded = clock.timed("embed", embed(handed, encoder, plan.model_key, stats.embed,
-                                          plan.reuse, plan.checkpoint, plan.fitted),
+                                          plan.reuse, plan.checkpoint, plan.fitted,
+                                          plan.config.quantization),
                            "wait")
     for batch, codes, scales in clock.timed("quantize", quantize(embedded,
                                                                  plan.config.quantization),

@@ -233,7 +233,8 @@ class EmbedActor:
 
         counts = self.encoder.stats
         before = (counts.tokens, counts.padded_tokens, counts.truncated)
-        done = next(embed([batch], self.encoder, self.model_key, EmbedStats(), reuse), batch)
+        done = next(embed([batch], self.encoder, self.model_key, EmbedStats(), reuse,
+                          quantization=self.quantization), batch)
         vectors = np.stack([row.vector for row in done if row.vector is not None])
         codes, scales = quantize_matrix(vectors, self.quantization)
         records = pa.Table.from_batches([to_record_batch(done, codes, scales, self.model_key)])
