@@ -4,7 +4,10 @@ ssindex's build dependencies (``gpu_check.py`` runs where they are not installed
 from __future__ import annotations
 
 import platform
+import statistics
+import time
 from pathlib import Path
+from typing import Any
 
 
 def cpu_label() -> str:
@@ -22,3 +25,22 @@ def model_flops_per_token(config: dict, seq_len: float) -> float:
     inner = config.get("intermediate_size", 4 * hidden)
     weights = layers * (4 * hidden * hidden + 2 * hidden * inner)
     return 2 * weights + layers * 4 * seq_len * hidden
+
+
+def gemm_peak(dtype: Any, device: str = "cpu", size: int = 2048, repeats: int = 5) -> float:
+    """Median FLOP/s of a size³ matmul in ``dtype`` (a torch dtype) on ``device``."""
+    import torch
+
+    a, b = (torch.randn(size, size, dtype=dtype, device=device) for _ in range(2))
+    for _ in range(3):  # warm-up: kernel selection, and a GPU's clocks
+        torch.matmul(a, b)
+    times = []
+    for _ in range(repeats):
+        if device == "cuda":
+            torch.cuda.synchronize()
+        started = time.perf_counter()
+        torch.matmul(a, b)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - started)
+    return 2 * size**3 / statistics.median(times)

@@ -25,25 +25,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _corpus import stdlib_chunk_texts
-from _machine import cpu_label, model_flops_per_token
+from _machine import cpu_label, gemm_peak, model_flops_per_token
 
 from ssindex.backends.base import Encoder
 from ssindex.backends.model import ModelSpec
 from ssindex.backends.selector import select
 from ssindex.backends.torch_backend import TorchBackend
 from ssindex.config import COMPILE_CHOICES, EmbedConfig
-
-
-def gemm_peak(dtype: torch.dtype, size: int = 2048, repeats: int = 5) -> float:
-    """Median FLOP/s of a size³ matmul in ``dtype`` on the CPU."""
-    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
-    torch.matmul(a, b)
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        torch.matmul(a, b)
-        times.append(time.perf_counter() - started)
-    return 2 * size**3 / statistics.median(times)
 
 
 def timed(encoders: list[Encoder], texts: list[str], passes: int = 3,

@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _machine import cpu_label, model_flops_per_token
+from _machine import cpu_label, gemm_peak, model_flops_per_token
 
 from ssindex.backends.base import Encoder
 from ssindex.backends.inventory import detect
@@ -81,35 +81,6 @@ def prepare(folder: Path, chunks: int) -> None:
     with gzip.open(folder / "texts.json.gz", "wt", encoding="utf-8") as out:
         json.dump(payload, out)
     print(json.dumps({"texts": len(texts), "folder": str(folder)}))
-
-
-def cuda_gemm_peak(size: int = 8192, repeats: int = 10) -> float:
-    """Median FLOP/s of a size³ bf16 matmul on the GPU."""
-    a = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
-    for _ in range(3):
-        torch.matmul(a, b)
-    times = []
-    for _ in range(repeats):
-        torch.cuda.synchronize()
-        started = time.perf_counter()
-        torch.matmul(a, b)
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - started)
-    return 2 * size**3 / statistics.median(times)
-
-
-def cpu_gemm_peak(size: int = 2048, repeats: int = 5) -> float:
-    """The rehearsal's stand-in: a bf16 matmul on the CPU."""
-    a = torch.randn(size, size, dtype=torch.bfloat16)
-    b = torch.randn(size, size, dtype=torch.bfloat16)
-    torch.matmul(a, b)
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        torch.matmul(a, b)
-        times.append(time.perf_counter() - started)
-    return 2 * size**3 / statistics.median(times)
 
 
 class Check:
@@ -203,7 +174,8 @@ def check(texts_file: Path, model_dir: Path, device: str, limit: int, out: Path 
     if device == "cuda" and not inventory.cuda_devices:
         report.put("skipped", "no CUDA device visible to torch")
         return
-    peak = cuda_gemm_peak() if device == "cuda" else cpu_gemm_peak()
+    peak = gemm_peak(torch.bfloat16, "cuda", 8192, 10) if device == "cuda" else \
+        gemm_peak(torch.bfloat16)
     report.put("bf16_gemm_peak_tflops", round(peak / 1e12, 1))
     model = ModelSpec.resolve(model_dir)
     started = time.perf_counter()
