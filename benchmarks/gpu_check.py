@@ -15,8 +15,10 @@ Reports the worst cosine against the fp32 reference, the tokenizer's rate, and f
 embed stage on pre-tokenized chunks (as the build's workers hand them over): chunks/s
 and the fraction of the measured bf16 GEMM peak, with each pipelining choice (pinned
 buffers, one batch in flight, the token budget, chunks per call, ``torch.compile``)
-turned on and off in the same run. ``--device cpu --limit 300`` rehearses it here.
-Each figure is written to ``--out`` as soon as it is measured.
+turned on and off in the same run. ``--cpu-side-per-worker R`` (chunks/s of one
+worker, from ``pipeline_throughput.py``) adds the projected whole-stdlib build on this
+machine. ``--device cpu --limit 300`` rehearses it here. Each figure is written to
+``--out`` as soon as it is measured.
 """
 
 from __future__ import annotations
@@ -162,7 +164,27 @@ def tokenizer_rate(encoder: Encoder, texts: list[str]) -> dict[str, float]:
     return rates
 
 
-def check(texts_file: Path, model_dir: Path, device: str, limit: int, out: Path | None) -> None:
+def projection(figures: dict[str, Any], per_worker: float, cores: int,
+               chunks: int) -> dict[str, Any]:
+    """Seconds of a ``chunks``-chunk build's streaming stages on this machine: its chunks over
+    the slower of the embed stage and the CPU side (``per_worker`` chunks/s, as
+    ``pipeline_throughput.py`` measures it, on ``cores - 1`` workers, the default beside a
+    GPU, scaled linearly). Twice: with the pipeline's calls of 256 chunks, and with the
+    fastest variant measured here. Loading the model and the commits are not included."""
+    cpu_side = per_worker * max(1, cores - 1)
+    rates = {name: value["chunks_per_s"] for name, value in figures.items()
+             if name.startswith("embed") and isinstance(value, dict) and "chunks_per_s" in value}
+    result: dict[str, Any] = {"chunks": chunks, "cpu_side_chunks_per_s": round(cpu_side, 1)}
+    for label, rate in (("as_built", rates.get("embed_calls_of_256")),
+                        ("best", max(rates.values(), default=None))):
+        if rate:
+            result[f"{label}_seconds"] = round(chunks / min(rate, cpu_side), 1)
+            result[f"{label}_bound_by"] = "cpu side" if cpu_side < rate else "embed stage"
+    return result
+
+
+def check(texts_file: Path, model_dir: Path, device: str, limit: int, out: Path | None,
+          per_worker: float = 0.0, build_chunks: int = 0) -> None:
     with gzip.open(texts_file, "rt", encoding="utf-8") as file:
         payload = json.load(file)
     texts: list[str] = payload["texts"][:limit or None]
@@ -221,6 +243,9 @@ def check(texts_file: Path, model_dir: Path, device: str, limit: int, out: Path 
     report.attempt("embed_compiled", compiled)
     for phase in ("embed_bulk", "embed_query"):  # what auto mode picks on this machine
         report.attempt(f"auto_{phase}", lambda phase=phase: select(phase, model).as_json())
+    if per_worker:
+        report.put("projected_build", projection(report.report, per_worker,
+                                                 inventory.cpu_count, build_chunks))
 
 
 def main() -> None:
@@ -232,11 +257,17 @@ def main() -> None:
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--limit", type=int, default=0, help="check only the first N texts")
     parser.add_argument("--out", type=Path, help="also write the figures to this JSON file")
+    parser.add_argument("--cpu-side-per-worker", type=float, default=0.0,
+                        help="chunks/s of one CPU-side worker (pipeline_throughput.py): "
+                             "then project a build's streaming stages on this machine")
+    parser.add_argument("--build-chunks", type=int, default=70_894,
+                        help="chunks of the projected build (default: the whole stdlib)")
     args = parser.parse_args()
     if args.prepare:
         prepare(args.prepare, args.chunks)
     elif args.texts and args.model:
-        check(args.texts, args.model, args.device, args.limit, args.out)
+        check(args.texts, args.model, args.device, args.limit, args.out,
+              args.cpu_side_per_worker, args.build_chunks)
     else:
         parser.error("give --prepare DIR, or --texts FILE and --model DIR")
 
