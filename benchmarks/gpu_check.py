@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import gzip
 import json
 import os
@@ -32,7 +33,7 @@ import shutil
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -135,20 +136,18 @@ def embed_rate(encoder: Encoder, tokens: list[Tokens], peak: float, config: dict
             "padding": round(1 - encoder.stats.tokens / max(encoder.stats.padded_tokens, 1), 3)}
 
 
-def with_settings(encoder: Encoder, measure: Callable[[], dict[str, float]],
-                  pinned: bool = True, overlap: bool = True, batch_tokens: int = 0,
-                  ) -> Callable[[], dict[str, float]]:
-    """``measure`` run under the given pipelining choices, the defaults restored after."""
-    def run() -> dict[str, float]:
-        backend: Any = encoder.backend
-        defaults = (backend.pinned, encoder.overlap, encoder.batch_tokens)
-        backend.pinned, encoder.overlap = pinned, overlap
-        encoder.batch_tokens = batch_tokens or defaults[2]
-        try:
-            return measure()
-        finally:
-            backend.pinned, encoder.overlap, encoder.batch_tokens = defaults
-    return run
+@contextlib.contextmanager
+def settings(encoder: Encoder, pinned: bool, overlap: bool, batch_tokens: int,
+             ) -> Iterator[None]:
+    """The pipelining choices in force inside the block; the defaults after it."""
+    backend: Any = encoder.backend
+    defaults = (backend.pinned, encoder.overlap, encoder.batch_tokens)
+    backend.pinned, encoder.overlap = pinned, overlap
+    encoder.batch_tokens = batch_tokens or defaults[2]
+    try:
+        yield
+    finally:
+        backend.pinned, encoder.overlap, encoder.batch_tokens = defaults
 
 
 def tokenizer_rate(encoder: Encoder, texts: list[str]) -> dict[str, float]:
@@ -216,10 +215,12 @@ def check(texts_file: Path, model_dir: Path, device: str, limit: int, out: Path 
         statistics.mean(len(t.ids) for t in tokens), 1)})
     config = model.config
 
-    def rate(**choices: Any) -> Callable[[], dict[str, float]]:
-        call_chunks = choices.pop("call_chunks", CALL_CHUNKS)
-        return with_settings(encoder, lambda: embed_rate(encoder, tokens, peak, config,
-                                                         call_chunks), **choices)
+    def rate(pinned: bool = True, overlap: bool = True, batch_tokens: int = 0,
+             call_chunks: int = CALL_CHUNKS) -> Callable[[], dict[str, float]]:
+        def measure() -> dict[str, float]:
+            with settings(encoder, pinned, overlap, batch_tokens):
+                return embed_rate(encoder, tokens, peak, config, call_chunks)
+        return measure
 
     report.attempt("embed", rate())
     report.attempt("embed_pinned_off", rate(pinned=False))
@@ -266,6 +267,9 @@ def main() -> None:
     if args.prepare:
         prepare(args.prepare, args.chunks)
     elif args.texts and args.model:
+        if not args.texts.is_file() or not (args.model / "config.json").is_file():
+            parser.error(f"no prepared texts at {args.texts} or model at {args.model}: "
+                         "run --prepare DIR here first, and carry DIR")
         check(args.texts, args.model, args.device, args.limit, args.out,
               args.cpu_side_per_worker, args.build_chunks)
     else:

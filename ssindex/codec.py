@@ -100,12 +100,11 @@ def positive_mask(codes: np.ndarray, method: Quantization, dim: int) -> np.ndarr
 def stored_vectors(rows: pa.Table, method: str, dim: int) -> np.ndarray:
     """The float32 vectors of rows with ``vec_codes`` and ``vec_scale`` columns (a row
     without a vector reads as zeros)."""
-    codes, scales = stored_codes(rows, method, dim)
-    return dequantize_matrix(codes, scales, method, dim)  # type: ignore[arg-type]
+    return StoredVectors(rows, method, dim)[:]
 
 
 class StoredVectors:
-    """``stored_vectors`` decoded a slice of rows at a time: abstention scores every row
+    """The float32 vectors of stored rows, decoded a slice at a time: abstention scores every row
     of a version, and decoding them all at once took the standard library's commit
     ~110 MB (float32) on top of the codes."""
 

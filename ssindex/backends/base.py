@@ -8,6 +8,7 @@ short chunks are not padded to the longest one) and L2 normalization.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 from collections.abc import Callable
@@ -116,20 +117,17 @@ class Encoder:
             owners += [row] * len(text.rest)
         out = np.empty((len(seqs), self.model.dim), dtype=np.float32)
         order = np.argsort([-len(seq) for seq in seqs], kind="stable")
-        waiting: tuple[np.ndarray, Callable[[], np.ndarray]] | None = None
+        in_flight: collections.deque[tuple[np.ndarray, Callable[[], np.ndarray]]] = \
+            collections.deque()
         for batch, shape in _token_budget_batches([len(seqs[i]) for i in order],
                                                   self.batch_tokens, self.model.window,
                                                   self.backend.device == "cpu"):
             rows = order[batch]
-            started = (rows, self._submit([seqs[i] for i in rows], shape))
-            if waiting is not None:
-                self._collect(out, *waiting)
-            waiting = started
-            if not self.overlap:
-                self._collect(out, *waiting)
-                waiting = None
-        if waiting is not None:
-            self._collect(out, *waiting)
+            in_flight.append((rows, self._submit([seqs[i] for i in rows], shape)))
+            while len(in_flight) > self.overlap:  # one batch stays in flight, or none
+                self._collect(out, *in_flight.popleft())
+        while in_flight:
+            self._collect(out, *in_flight.popleft())
         if len(tokens) >= BULK_TEXTS:  # a bulk call: give the batches' tensors back
             self._trimmer.after_batch()
         out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)

@@ -74,8 +74,8 @@ def revectored_search_files(index: IndexDir, version: int, previous: dict[str, s
     vectors: dict[str, list[pa.Array]] = {column: [] for column in _VECTORS}
     start = 0
     for batch in dataset.to_batches(columns=SNAPSHOT_COLUMNS):
-        rows = pa.Table.from_batches([batch])
-        if not rows.select(same).equals(before.slice(start, batch.num_rows).select(same)):
+        streamed = pa.Table.from_batches([batch])
+        if not streamed.select(same).equals(before.slice(start, batch.num_rows).select(same)):
             return None
         for column in _VECTORS:
             vectors[column].append(batch.column(column))

@@ -32,7 +32,12 @@ def atomic_file(path: Path) -> Iterator[BinaryIO]:
             os.unlink(f.name)
             raise
     os.replace(f.name, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
+    _sync_directory(path.parent)
+
+
+def _sync_directory(folder: Path) -> None:
+    """Make the names in ``folder`` durable (a rename or link survives a crash)."""
+    dir_fd = os.open(folder, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
     finally:
@@ -51,3 +56,4 @@ def atomic_link(source: Path, path: Path) -> None:
             shutil.copyfileobj(data, f)
         return
     os.replace(temporary, path)
+    _sync_directory(path.parent)
