@@ -193,7 +193,7 @@ def _exact(searcher: Searcher, query: str, allowed: np.ndarray) -> list[int]:
     near = Ranking(order.astype(np.int64), scores[order].astype(np.float64))
     weight = NAME_WEIGHT_IDENTIFIER if names_identifier(query) else NAME_WEIGHT_NATURAL
     terms = query_terms(query).split()
-    bm25 = searcher.postings.scores(terms, weight) * allowed if terms else \
+    bm25 = searcher.lexicon.scores(terms, weight) * allowed if terms else \
         np.zeros(len(scores), np.float32)
     hits = np.flatnonzero(bm25 > 0)
     hits = hits[np.lexsort((hits, -bm25[hits]))][:LEXICAL_CANDIDATES]

@@ -197,6 +197,26 @@ def test_a_damaged_search_file_is_detected_and_repaired(tmp_path: Path, damaged:
     assert cli_json("repair", "--index", str(index))["damaged"] == []
 
 
+@pytest.mark.parametrize("damaged", ["delta_snapshot", "deleted"])
+def test_a_damaged_delta_is_repaired_into_one_base(tmp_path: Path, damaged: str) -> None:
+    root, index, _ = _built(tmp_path)
+    changed = next(path for path in sorted(root.rglob("*.py")) if "decode" in path.read_text())
+    changed.write_text(changed.read_text() + "\n\ndef decode_twice(s):\n    return s * 2\n")
+    run_cli("build", str(root), "--no-progress")
+    answers = _search(index)
+    head = json.loads((index / "HEAD.json").read_text())
+    target = index / "manifests" / head[damaged]
+    _flip(target)
+    line = _one_line_error(run_cli("search", "decode a json document", "--index", str(index),
+                                   check=False), 3)
+    assert target.name in line and "ssindex repair" in line
+    assert cli_json("repair", "--index", str(index))["repaired"] == [f"manifests/{target.name}"]
+    repaired = json.loads((index / "HEAD.json").read_text())
+    assert "delta_snapshot" not in repaired and repaired["snapshot"] != head["snapshot"]
+    assert _search(index) == answers
+    assert cli_json("repair", "--index", str(index))["damaged"] == []
+
+
 def test_a_damaged_build_manifest_is_rebuilt_by_the_next_build(tmp_path: Path) -> None:
     root, index, answers = _built(tmp_path)
     head = json.loads((index / "HEAD.json").read_text())

@@ -167,7 +167,7 @@ def test_filtered_top_k_equals_the_exact_filtered_top_k_on_random_queries(
         dense_exact = Ranking(order.astype(np.int64), scores[order].astype(np.float64))
         terms = query_terms(query).split()
         weight = 2.0 if names_identifier(query) else 0.25
-        bm25 = searcher.postings.scores(terms, weight) * allowed
+        bm25 = searcher.lexicon.scores(terms, weight) * allowed
         hits = np.flatnonzero(bm25 > 0)
         hits = hits[np.lexsort((hits, -bm25[hits]))][:LEXICAL_CANDIDATES]
         lexical_exact = Ranking(hits.astype(np.int64), bm25[hits].astype(np.float64))

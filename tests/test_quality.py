@@ -144,7 +144,7 @@ def test_incremental_recalibration_equals_a_full_one() -> None:
         assert len(texts) == len(queries)
         return queries
 
-    stats = TermStats({"gate": 0, "parse": 1}, np.array([3, 40]))
+    stats = TermStats({"gate": 3, "parse": 40}.get, 43)
     matrix = rng.normal(size=(300, 16)).astype(np.float32)
     ids = [f"r{i}" for i in range(300)]
     before = calibrate(stats, matrix, ids, embed)
@@ -173,7 +173,7 @@ def test_calibration_reads_stored_codes_block_by_block(monkeypatch: pytest.Monke
     rows = pa.table({"vec_codes": pa.array([c.tobytes() for c in codes], pa.binary()),
                      "vec_scale": pa.array(scales, pa.float32())})
     ids = [f"r{i}" for i in range(300)]
-    stats = TermStats({"gate": 0}, np.array([3]))
+    stats = TermStats({"gate": 3}.get, 3)
     whole = calibrate(stats, stored_vectors(rows, "int8", 16), ids, lambda texts: queries)
     monkeypatch.setattr(abstention, "BLOCK", 7)
     blocked = calibrate(stats, StoredVectors(rows, "int8", 16), ids, lambda texts: queries)

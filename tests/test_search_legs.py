@@ -17,7 +17,8 @@ import pytest
 
 from ssindex import build
 from ssindex.index.layout import IndexDir
-from ssindex.index.postings import K1, B, Postings, SortedTerms
+from ssindex.index.postings import K1, B, Lexicon, Postings, Segment, SortedTerms
+from ssindex.index.search_files import SearchFiles
 from ssindex.index.table import scan
 from ssindex.query import dense
 from ssindex.query import searcher as search
@@ -48,7 +49,7 @@ def test_postings_score_like_textbook_bm25_over_both_fields() -> None:
               ("decoder.py", "encoder.py", "scanner.py", "tool.py", "__init__.py")]
     names = ["decoder json", "encoder json", "scanner json", "tool json", "json init"]
     postings = Postings.build(pa.array(bodies), pa.array(names))
-    restored = Postings.from_table(postings.to_table(), len(bodies))
+    restored = Lexicon([Segment(Postings.from_table(postings.to_table(), postings.lengths))])
     for query, name_weight in itertools.product(
             (["decode", "json", "string"], ["encoder"], ["scanner", "scanner", "py"],
              ["json", "decode", "json", "json"], ["no_such_term"]), (0.5, 2.0)):
@@ -59,9 +60,44 @@ def test_postings_score_like_textbook_bm25_over_both_fields() -> None:
         docs, scores = restored.top(query, 3, name_weight)
         assert list(docs) == sorted(range(5), key=lambda d: -expected[d])[:len(docs)]
         assert all(s > 0 for s in scores)
-    counts = dict(zip(restored.vocabulary, restored.counts.tolist(), strict=True))
+    counts = {term: restored.frequency(term) for term in postings.vocabulary}
     everything = " ".join(bodies + names).split()
     assert counts == {term: everything.count(term) for term in set(everything)}
+    assert restored.total == len(everything) and restored.frequency("no_such_term") == 0
+
+
+def test_segments_score_like_postings_built_over_the_rows_they_hold() -> None:
+    """A base with deleted rows and a delta (merged from two) weigh every row as postings
+    built afresh over the version's rows do: same scores, frequencies and total; and
+    merging the two gives those postings."""
+    bodies = [analyze((STDLIB / "json" / name).read_text()) for name in
+              ("decoder.py", "encoder.py", "scanner.py", "tool.py", "__init__.py")]
+    bodies += ["decode twice twice", "parse extra things", "", "json decode"]
+    names = ["decoder json", "encoder json", "scanner json", "tool json", "json init",
+             "decode_twice", "parse_extra", "empty", "json"]
+    base = Postings.build(pa.array(bodies[:5]), pa.array(names[:5]))
+    live = np.array([True, False, True, True, False])
+    first = Postings.build(pa.array(bodies[5:7]), pa.array(names[5:7]))
+    delta = first.merge(np.array([False, True]), Postings.build(pa.array(bodies[7:]),
+                                                                pa.array(names[7:])))
+    rows = [0, 2, 3, 6, 7, 8]  # the version: live base rows, then the delta's
+    fresh = Lexicon([Segment(Postings.build(pa.array([bodies[r] for r in rows]),
+                                            pa.array([names[r] for r in rows])))])
+    segmented = Lexicon([Segment(base, np.where(live, np.cumsum(live) - 1, -1)),
+                         Segment(delta, 3 + np.arange(delta.size))])
+    merged = Lexicon([Segment(base.merge(live, delta))])
+    for query, name_weight in itertools.product(
+            (["decode", "json", "twice"], ["encoder"], ["parse", "things", "extra"],
+             ["scanner", "scanner", "py"], ["no_such_term"]), (0.25, 2.0)):
+        expected = fresh.scores(query, name_weight)
+        assert np.allclose(segmented.scores(query, name_weight), expected, rtol=1e-5)
+        assert np.allclose(merged.scores(query, name_weight), expected, rtol=1e-5)
+    vocabulary = set(" ".join(bodies + names).split())
+    for lexicon in (segmented, merged):
+        assert {t: lexicon.frequency(t) for t in vocabulary} == {
+            t: fresh.frequency(t) for t in vocabulary}
+        assert lexicon.total == fresh.total and lexicon.size == fresh.size == 6
+    assert fresh.frequency("encoder") == 0 and segmented.frequency("encoder") == 0
 
 
 def test_sign_bit_shortlist_keeps_the_exact_top_hits(
@@ -85,29 +121,39 @@ def test_sign_bit_shortlist_keeps_the_exact_top_hits(
     assert len(shortlisted.rows) > 3 * 300  # the shortlist really was a subset
 
 
+@pytest.mark.parametrize("merge", [False, True])
 def test_incremental_search_files_equal_rebuilt_ones(tmp_path: Path,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    """A rebuild updates the snapshot and postings in place of rebuilding them: the
-    result must hold the same rows, scores and term counts as postings built afresh."""
+                                                     monkeypatch: pytest.MonkeyPatch,
+                                                     merge: bool) -> None:
+    """Rebuilds update the search files in place of rebuilding them: a delta over the
+    kept base, or (past the merge share) a new base merged from the two. Either way the
+    version must hold the same rows, scores and term counts as postings built afresh."""
     root = copy_stdlib(tmp_path / "tree", "json")
     build(root)
-    decoder = root / "json" / "decoder.py"
-    decoder.write_text(decoder.read_text() + "\n\ndef decode_twice(s):\n    return s * 2\n")
-    (root / "json" / "tool.py").unlink()
-    (root / "json" / "extra.py").write_text("def parse_extra_things(data):\n"
-                                            "    return [d for d in data if d]\n")
 
     def refuse(*_: Any) -> None:
         raise AssertionError("the rebuild recomputed the search files from the table")
 
     monkeypatch.setattr("ssindex.pipeline.commit.write_search_files", refuse)
-    build(root)
+    if merge:
+        monkeypatch.setattr("ssindex.index.search_files.MERGE_ROWS", 0)
     index = IndexDir(root / ".ssindex")
+    base = index.read_head().data["snapshot"]
+    decoder = root / "json" / "decoder.py"
+    decoder.write_text(decoder.read_text() + "\n\ndef decode_twice(s):\n    return s * 2\n")
+    (root / "json" / "tool.py").unlink()
+    build(root)
+    # a second change: a new file, and one of the first change's rows replaced
+    decoder.write_text(decoder.read_text().replace("return s * 2", "return s + s"))
+    (root / "json" / "extra.py").write_text("def parse_extra_things(data):\n"
+                                            "    return [d for d in data if d]\n")
+    build(root)
     head = index.read_head().data
-    rows = index.read_manifest(head["snapshot"])
-    updated = Postings.from_table(index.read_manifest(head["postings"]), len(rows))
+    assert ("delta_snapshot" in head) is not merge and (head["snapshot"] == base) is not merge
+    files = SearchFiles.read(index, head)
+    rows, updated = files.rows, files.lexicon()
     table = scan(index.open_table(head["table_version"]), ["id", "lex_body", "lex_name"])
-    fresh = Postings.build(table.column("lex_body"), table.column("lex_name"))
+    fresh = Lexicon([Segment(Postings.build(table.column("lex_body"), table.column("lex_name")))])
     assert sorted(rows.column("id").to_pylist()) == sorted(table.column("id").to_pylist())
     position = {row_id: i for i, row_id in enumerate(rows.column("id").to_pylist())}
     order = [position[row_id] for row_id in table.column("id").to_pylist()]
@@ -116,9 +162,13 @@ def test_incremental_search_files_equal_rebuilt_ones(tmp_path: Path,
             (0.25, 2.0)):
         expected = fresh.scores(query, name_weight)
         assert np.allclose(updated.scores(query, name_weight)[order], expected, rtol=1e-5)
-    assert (dict(zip(updated.vocabulary, updated.counts.tolist(), strict=True))
-            == dict(zip(fresh.vocabulary, fresh.counts.tolist(), strict=True)))
-    assert "twice" in updated.vocabulary and "extra" in updated.vocabulary
+    vocabulary = set(" ".join(table.column("lex_body").to_pylist()
+                              + table.column("lex_name").to_pylist()).split())
+    assert {t: updated.frequency(t) for t in vocabulary} == {
+        t: fresh.frequency(t) for t in vocabulary}
+    assert updated.frequency("twice") and updated.frequency("extra")
+    hits = search.Searcher(index.path).search("parse_extra_things", k=3)
+    assert hits.results[0]["symbol"].endswith("parse_extra_things")
 
 
 def test_sorted_terms_find_and_place_like_a_sorted_list() -> None:

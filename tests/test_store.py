@@ -28,3 +28,21 @@ def test_old_versions_manifests_are_pruned_but_pinned_and_recent_ones_kept(
     assert left == ["nonsense-abc.arrow", "search-v2.arrow", "search-v3.arrow", "v2.arrow",
                     "v3.arrow"]
     assert index.read_manifest("search-v3.arrow", mmap=True).column("x").to_pylist() == [1]
+
+
+def test_a_kept_base_named_by_an_old_version_does_not_keep_old_deltas(tmp_path: Path) -> None:
+    """A version's base keeps the name of the version that wrote it: the deltas of the
+    versions between are pruned at once by the kept heads' versions, not kept an hour."""
+    index = IndexDir(tmp_path / "index")
+    index.ensure_writable()
+    names = ["search-v2.arrow", "postings-v2.arrow", "search-v3-delta.arrow",
+             "search-v3-deleted.arrow", "postings-v3-delta.arrow", "search-v4-delta.arrow",
+             "search-v5-delta.arrow", "search-v6-delta.arrow"]
+    for name in names:
+        index.write_manifest(name, pa.table({"x": [1]}))
+    keep = {"search-v2.arrow", "postings-v2.arrow", "search-v4-delta.arrow",
+            "search-v5-delta.arrow"}
+    index.prune_manifests(keep=keep, oldest=4)
+    left = sorted(p.name for p in (index.path / "manifests").iterdir())
+    # version 3's files go at once; version 6 is unknown and recent, so it stays
+    assert left == sorted([*keep, "search-v6-delta.arrow"])

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from functools import cache, cached_property
+from functools import cache
 from typing import Any, Protocol
 
 import numpy as np
@@ -52,20 +52,22 @@ class Thresholds:
 
 @dataclass(frozen=True)
 class TermStats:
-    """Collection frequency of each index term (``counts[vocabulary[term]]``, over body
-    and name, ``sym:`` tokens included): the BM25 postings' own vocabulary and counts."""
+    """Collection frequencies of the index's terms (over body and name, ``sym:`` tokens
+    included), as the BM25 postings count them (``postings.Lexicon``)."""
 
-    vocabulary: Mapping[str, int]
-    counts: np.ndarray
+    frequency: Callable[[str], int]
+    """Occurrences of a term in the index (0: none)."""
+    occurrences: int
+    """Of every term."""
 
-    @cached_property
+    @property
     def total(self) -> int:
-        return max(int(self.counts.sum()), 1)
+        return max(self.occurrences, 1)
 
     def grounding(self, query: str) -> float:
         """Summed IDF of the query's distinct terms that occur in the corpus."""
-        found = (self.vocabulary.get(t) for t in set(query_terms(query).split()))
-        return sum(math.log(1 + self.total / int(self.counts[i])) for i in found if i is not None)
+        found = (self.frequency(t) for t in set(query_terms(query).split()))
+        return sum(math.log(1 + self.total / count) for count in found if count)
 
 
 def nonsense_queries(count: int, seed: int) -> list[str]:

@@ -42,7 +42,8 @@ from ssindex.util.fsio import atomic_file, atomic_link, atomic_write_bytes
 
 FORMAT_VERSION = 1
 TABLE = "chunks"
-_VERSIONED = re.compile(r"(?:v|terms-v|postings-v|search-v)(\d+)(?:-p\d+)?\.arrow")
+_VERSIONED = re.compile(
+    r"(?:v|terms-v|postings-v|search-v)(\d+)(?:-p\d+|-delta|-deleted)?\.arrow")
 HEAD = "HEAD.json"
 HEAD_KEYS = ("table_version", "manifest", "root", "built_at", "model", "quantization",
              "settings", "files", "chunks")
@@ -197,15 +198,17 @@ class IndexDir:
             atomic_link(self.path / "manifests" / name, self.path / "manifests" / new_name)
         return new_name
 
-    def prune_manifests(self, keep: set[str], min_age_s: float = 3600) -> None:
+    def prune_manifests(self, keep: set[str], oldest: int | None = None,
+                        min_age_s: float = 3600) -> None:
         """Delete per-version manifests not named in ``keep``: at once when their version
-        is older than every kept one (a reader maps a version's search files as it opens
-        it, ``Searcher``, and the versions kept are the current and the previous), else
-        once older than ``min_age_s``. Keeping every old version an hour let a watcher's
-        commits pile up gigabytes of search files."""
+        is older than ``oldest`` (default: every kept one's; a reader maps a version's
+        search files as it opens it, ``Searcher``, and the versions kept are the current
+        and the previous), else once older than ``min_age_s``. Keeping every old version
+        an hour let a watcher's commits pile up gigabytes of search files."""
         cutoff = time.time() - min_age_s
-        kept = [int(found.group(1)) for name in keep if (found := _VERSIONED.fullmatch(name))]
-        oldest = min(kept, default=0)
+        if oldest is None:
+            oldest = min((int(found.group(1)) for name in keep
+                          if (found := _VERSIONED.fullmatch(name))), default=0)
         for path in (self.path / "manifests").glob("*.arrow"):
             found = _VERSIONED.fullmatch(path.name)
             if found is None or path.name in keep:

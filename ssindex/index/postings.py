@@ -2,10 +2,10 @@
 
 Written here rather than queried from Lance's full-text index because of
 latency: on 2 cores at 100,000 chunks a Lance multi-field FTS query took
-~30 ms, while summing precomputed impacts with ``np.bincount`` takes ~1.5 ms,
-and the whole search has a 10 ms budget. A build computes the postings once
-per committed version (``to_table``, an Arrow manifest beside the index);
-searches load them in milliseconds.
+~30 ms, while weighing the postings of a query's terms and summing them with
+``np.bincount`` takes ~1.5 ms, and the whole search has a 10 ms budget. A build
+writes postings per segment of rows (``to_table``, an Arrow manifest beside the
+index); searches map them in milliseconds.
 
 Scoring is the classic per-field BM25 (k1 = 1.2, b = 0.75, Lucene's idf),
 summed over the body and name fields with a per-query weight on the name
@@ -20,6 +20,7 @@ are the analyzer's (``ssindex.text.lexical``), split on spaces.
 from __future__ import annotations
 
 import bisect
+from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from functools import cached_property
@@ -36,6 +37,10 @@ NAME_WEIGHT_IDENTIFIER = 2.0
 
 @dataclass(frozen=True)
 class Postings:
+    """The postings of one segment of documents: which terms each holds, how often, in
+    which field. Scores are not stored: ``Lexicon`` weighs them per query with the
+    statistics of the version's rows, so a segment stays valid as others change."""
+
     terms: pa.Array
     """Term t's text is ``terms[t]``; sorted (by UTF-8 bytes, as Arrow sorts strings)."""
     offsets: np.ndarray
@@ -45,16 +50,15 @@ class Postings:
     """Occurrences of the term in the doc's field."""
     in_name: np.ndarray
     """Whether the posting is the name field's (else the body's)."""
-    impacts: np.ndarray
-    """BM25 contribution of the term to the doc within one field."""
-    counts: np.ndarray
-    """Collection frequency of each term over both fields (for ``ssindex.index.abstention``)."""
-    size: int
-    lengths: np.ndarray | None = None
-    """(2, docs): terms in each doc's body and name fields; needed by ``update`` only,
-    so stored with the docs (the search snapshot), not in ``to_table``."""
+    lengths: np.ndarray
+    """(2, docs): terms in each doc's body and name fields (stored with the docs, in the
+    snapshot, not in ``to_table``)."""
     prefixes: np.ndarray | None = None
     """Each term's ``SortedTerms`` prefix, when read from a table (computed otherwise)."""
+
+    @property
+    def size(self) -> int:
+        return int(self.lengths.shape[1])
 
     @cached_property
     def vocabulary(self) -> SortedTerms:
@@ -71,80 +75,58 @@ class Postings:
         terms = terms.take(pc.sort_indices(terms))
         remaps = [pc.index_in(words, value_set=terms).to_numpy(zero_copy_only=False)
                   for words, *_ in fields]
-        term, docs, tf, in_name, lengths = _entries(fields, remaps, 0)
+        term, docs, tf, in_name, lengths = _entries(fields, remaps)
         order = np.argsort(term, kind="stable")
         return cls._assemble(terms, term[order], docs[order], tf[order], in_name[order],
                              lengths)
 
-    def update(self, keep: np.ndarray, body: pa.ChunkedArray | pa.Array,
-               name: pa.ChunkedArray | pa.Array) -> Postings:
-        """These postings without the docs not in ``keep`` (a mask), followed by new docs
-        with fields ``body`` and ``name``: the postings ``build`` would give for the docs
-        in that order (up to the order of a term's postings), tokenizing only the new
-        ones. Kept postings stay sorted by term; the few new ones are merged in."""
-        if self.lengths is None:
-            raise ValueError("postings without doc lengths cannot be updated")
+    def merge(self, keep: np.ndarray, other: Postings) -> Postings:
+        """These postings without the docs not in ``keep`` (a mask), followed by the docs
+        of ``other``: the postings ``build`` would give for the docs in that order (up
+        to the order of a term's postings), without tokenizing anything again. Both are
+        sorted by term, so ``other``'s entries are inserted, not sorted in."""
         import pyarrow.compute as pc
 
-        fields = [_tokens(column) for column in (body, name)]
-        words = pc.unique(pa.concat_arrays([words for words, *_ in fields])).to_pylist()
-        vocabulary = self.vocabulary
-        unseen = sorted({w for w in words if w not in vocabulary}, key=str.encode)
-        # old term i moves up by the unseen terms sorting before it
-        slots = np.array([vocabulary.insertion(w) for w in unseen], np.int64)
+        present = np.asarray(pc.is_in(other.terms, value_set=self.terms), bool)
+        unseen = other.terms.filter(pa.array(~present))
+        # term i of ours moves up by the unseen terms sorting before it
+        slots = np.array([self.vocabulary.insertion(w) for w in unseen.to_pylist()], np.int64)
         moved = np.arange(len(self.terms)) + np.searchsorted(slots, np.arange(len(self.terms)),
                                                              side="right")
         placed = slots + np.arange(len(unseen))
         order = np.empty(len(self.terms) + len(unseen), np.int64)
         order[moved], order[placed] = np.arange(len(self.terms)), len(self.terms) + np.arange(
             len(unseen))
-        terms = pa.concat_arrays([self.terms, pa.array(unseen, pa.string())]).take(
-            pa.array(order))
-        known = {w: int(moved[i]) for w in words if (i := vocabulary.get(w)) is not None}
-        known.update(zip(unseen, placed.tolist(), strict=True))
-        remaps = [np.array([known[w] for w in field_words.to_pylist()], np.int64)
-                  for field_words, *_ in fields]
-        added = _entries(fields, remaps, int(keep.sum()))
-        new_order = np.argsort(added[0], kind="stable")
-        term = np.repeat(moved, np.diff(self.offsets))
+        terms = pa.concat_arrays([self.terms, unseen]).take(pa.array(order))
+        theirs = np.empty(len(other.terms), np.int64)
+        theirs[~present] = placed
+        theirs[present] = moved[np.asarray(pc.index_in(
+            other.terms.filter(pa.array(present)), value_set=self.terms), np.int64)]
         kept = keep[self.docs]
-        old = (term[kept], (np.cumsum(keep) - 1)[self.docs[kept]], self.tf[kept],
-               self.in_name[kept])
-        at = np.searchsorted(old[0], added[0][new_order], side="right")
-        term, docs, tf, in_name = (np.insert(a, at, b[new_order])
-                                   for a, b in zip(old, added[:4], strict=True))
+        ours = (np.repeat(moved, np.diff(self.offsets))[kept],
+                (np.cumsum(keep) - 1)[self.docs[kept]], self.tf[kept], self.in_name[kept])
+        added = (np.repeat(theirs, np.diff(other.offsets)), other.docs + int(keep.sum()),
+                 other.tf, other.in_name)
+        at = np.searchsorted(ours[0], added[0], side="right")
+        term, docs, tf, in_name = (np.insert(a, at, b) for a, b in zip(ours, added, strict=True))
         return self._assemble(terms, term, docs, tf, in_name,
-                              np.concatenate([self.lengths[:, keep], added[4]], axis=1))
+                              np.concatenate([self.lengths[:, keep], other.lengths], axis=1))
 
     @classmethod
     def _assemble(cls, terms: pa.Array, term: np.ndarray, docs: np.ndarray, tf: np.ndarray,
                   in_name: np.ndarray, lengths: np.ndarray) -> Postings:
-        """Postings of entries sorted by term (unused terms dropped), with BM25 impacts
-        per field."""
+        """Postings of entries sorted by term (unused terms dropped)."""
         used = np.bincount(term, minlength=len(terms)) > 0
         if not used.all():
             terms = terms.filter(pa.array(used))
             term = (np.cumsum(used) - 1)[term]
         offsets = np.zeros(len(terms) + 1, np.int64)
         np.cumsum(np.bincount(term, minlength=len(terms)), out=offsets[1:])
-        size = lengths.shape[1]
-        field = in_name.astype(np.int64)
-        cell = term * 2 + field  # (term, field) pairs, each with its own document frequency
-        df = np.bincount(cell, minlength=2 * len(terms))
-        idf = np.log1p((size - df + 0.5) / (df + 0.5)).astype(np.float32)
-        average = np.maximum(lengths.mean(axis=1), 1e-9) if size else np.ones(2)
-        slope = (K1 * B / average).astype(np.float32)
-        field_tf = tf.astype(np.float32)
-        norm = np.float32(K1 * (1 - B)) + lengths[field, docs].astype(np.float32) * slope[field]
-        impacts = idf[cell] * field_tf * np.float32(K1 + 1) / (field_tf + norm)
-        counts = (np.add.reduceat(tf.astype(np.int64), offsets[:-1]) if len(term)
-                  else np.zeros(len(terms), np.int64))
-        return cls(terms, offsets, docs.astype(np.int32), tf.astype(np.int32), in_name,
-                   impacts, counts, size, lengths.astype(np.int32))
+        return cls(terms, offsets, docs.astype(np.int32), tf.astype(np.int32),
+                   in_name.astype(bool), lengths.astype(np.int32))
 
     def to_table(self) -> pa.Table:
-        """One row per term: its collection count and postings as lists (the list offsets
-        are ``offsets``)."""
+        """One row per term: its postings as lists (the list offsets are ``offsets``)."""
         offsets = pa.array(self.offsets, pa.int64())
 
         def lists(values: np.ndarray) -> pa.LargeListArray:
@@ -152,50 +134,127 @@ class Postings:
 
         return pa.table({"term": self.terms,
                          "prefix": pa.array(self.vocabulary.prefixes, pa.uint64()),
-                         "count": pa.array(self.counts, pa.int64()),
                          "docs": lists(self.docs), "tf": lists(self.tf),
-                         "impacts": lists(self.impacts),
                          "in_name": lists(self.in_name.view(np.uint8))})
 
     @classmethod
-    def from_table(cls, table: pa.Table, size: int, lengths: np.ndarray | None = None,
-                   ) -> Postings:
-        docs, tf, impacts, in_name = (table.column(name).combine_chunks()
-                                      for name in ("docs", "tf", "impacts", "in_name"))
+    def from_table(cls, table: pa.Table, lengths: np.ndarray) -> Postings:
+        """The postings ``to_table`` wrote, of docs with ``lengths`` (2, docs)."""
+        docs, tf, in_name = (table.column(name).combine_chunks()
+                             for name in ("docs", "tf", "in_name"))
         return cls(table.column("term").combine_chunks(),
                    numeric_view(docs.offsets, np.int64), numeric_view(docs.values, np.int32),
                    numeric_view(tf.values, np.int32),
-                   numeric_view(in_name.values, np.uint8).view(bool),
-                   numeric_view(impacts.values, np.float32),
-                   numeric_view(table.column("count"), np.int64), size, lengths,
+                   numeric_view(in_name.values, np.uint8).view(bool), lengths,
                    numeric_view(table.column("prefix"), np.uint64))
 
+    def span(self, term: str) -> slice | None:
+        """Where ``term``'s postings are, if it occurs."""
+        i = self.vocabulary.get(term)
+        return None if i is None else slice(int(self.offsets[i]), int(self.offsets[i + 1]))
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Postings that hold some of a version's rows."""
+
+    postings: Postings
+    rows: np.ndarray | None = None
+    """The version row of each of the postings' docs (-1: not in the version); ``None``:
+    doc i is row i."""
+
+
+class Lexicon:
+    """BM25 over a version's rows, whose postings are in segments: a base written
+    once, and the rows changed since (``ssindex.index.search_files``).
+
+    Documents are weighed at query time, from each term's postings and the version's
+    own statistics (document frequencies, field lengths), not from scores stored with
+    the postings: stored scores would hold the statistics of the rows they were
+    written with, so every commit would have rewritten every posting (~0.4 s of a
+    one-file change to the standard library's index). Weighing the few thousand
+    postings of a query's terms takes well under a millisecond."""
+
+    def __init__(self, segments: list[Segment]) -> None:
+        self.segments = segments
+        size = sum(int(np.sum(s.rows >= 0)) if s.rows is not None else s.postings.size
+                   for s in segments)
+        self.lengths = np.zeros((2, size), np.int32)
+        """(2, rows): terms in each row's body and name fields."""
+        for segment in segments:
+            rows = segment.rows if segment.rows is not None else np.arange(segment.postings.size)
+            live = rows >= 0
+            self.lengths[:, rows[live]] = segment.postings.lengths[:, live]
+        self.size = size
+        average = np.maximum(self.lengths.mean(axis=1), 1e-9) if size else np.ones(2)
+        self._norms = (K1 * (1 - B) + self.lengths * (K1 * B / average)[:, None]).astype(
+            np.float32).ravel()
+        """BM25's length norm of each row's body, then of each row's name."""
+
+    @cached_property
+    def total(self) -> int:
+        """Terms in all rows, both fields (the sum of every term's ``frequency``)."""
+        return int(self.lengths.sum(dtype=np.int64))
+
+    def _postings(self, term: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The (row, tf, in_name) postings of ``term`` in the version's rows."""
+        found = []
+        for segment in self.segments:
+            where = segment.postings.span(term)
+            if where is None:
+                continue
+            p = segment.postings
+            docs, tf, in_name = p.docs[where], p.tf[where], p.in_name[where]
+            if segment.rows is not None:
+                docs = segment.rows[docs]
+                live = docs >= 0
+                docs, tf, in_name = docs[live], tf[live], in_name[live]
+            found.append((docs, tf, in_name))
+        if len(found) == 1:
+            return found[0]
+        return (np.concatenate([f[0] for f in found]).astype(np.int64, copy=False),
+                np.concatenate([f[1] for f in found]), np.concatenate([f[2] for f in found])) \
+            if found else (np.zeros(0, np.int64), np.zeros(0, np.int32), np.zeros(0, bool))
+
+    def frequency(self, term: str) -> int:
+        """Occurrences of ``term`` in the version's rows, over both fields."""
+        return int(self._postings(term)[1].sum(dtype=np.int64))
+
     def scores(self, query_terms: list[str], name_weight: float) -> np.ndarray:
-        """BM25 score of every document (zero where no term matches), the name field's
-        part weighted by ``name_weight``."""
-        known = [i for t in query_terms if (i := self.vocabulary.get(t)) is not None]
-        if not known:
-            return np.zeros(self.size, np.float32)
+        """BM25 score of every row (zero where no term matches), the name field's part
+        weighted by ``name_weight``."""
+        rows, weights = [], []
         # a term the query repeats counts that many times: its postings are read once
         # (a pasted snippet repeats its words hundreds of times)
-        ids, repeats = np.unique(known, return_counts=True)
-        spans = [slice(self.offsets[i], self.offsets[i + 1]) for i in ids]
-        docs = np.concatenate([self.docs[s] for s in spans])
-        impacts = np.concatenate([self.impacts[s] for s in spans])
-        if repeats.max() > 1:
-            impacts *= np.repeat(repeats, [s.stop - s.start for s in spans])
-        impacts[np.concatenate([self.in_name[s] for s in spans])] *= name_weight
-        return np.bincount(docs, weights=impacts, minlength=self.size).astype(np.float32)
+        for term, repeats in sorted(Counter(query_terms).items()):
+            docs, tf, in_name = self._postings(term)
+            if not len(docs):
+                continue
+            named = int(np.count_nonzero(in_name))
+            df = np.array([len(docs) - named, named], np.float64)  # per field
+            idf = np.log1p((self.size - df + 0.5) / (df + 0.5)) * repeats * np.array(
+                [1.0, name_weight])
+            counts = tf.astype(np.float32)
+            norms = self._norms[docs + in_name * self.size] if named else self._norms[docs]
+            weight = counts * np.float32(K1 + 1) / (counts + norms)
+            weight *= np.where(in_name, np.float32(idf[1]), np.float32(idf[0])) if named \
+                else np.float32(idf[0])
+            rows.append(docs)
+            weights.append(weight)
+        if not rows:
+            return np.zeros(self.size, np.float32)
+        return np.bincount(np.concatenate(rows), weights=np.concatenate(weights),
+                           minlength=self.size).astype(np.float32)
 
     def top(self, query_terms: list[str], limit: int, name_weight: float,
             allowed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """Documents with a positive score, best first (at most ``limit``), and their
-        scores; only documents ``allowed`` lets through, when given."""
+        """Rows with a positive score, best first (at most ``limit``), and their
+        scores; only rows ``allowed`` lets through, when given."""
         scores = self.scores(query_terms, name_weight)
         if allowed is not None:
             np.multiply(scores, allowed, out=scores)
         matched = np.flatnonzero(scores > 0)
-        best = matched[best_first(scores[matched], limit)]  # equal scores rank by document
+        best = matched[best_first(scores[matched], limit)]  # equal scores rank by row
         return best, scores[best]
 
 
@@ -223,15 +282,14 @@ def _tokens(column: pa.ChunkedArray | pa.Array,
 
 
 def _entries(fields: list[tuple[pa.Array, np.ndarray, np.ndarray, np.ndarray, np.ndarray]],
-             remaps: list[np.ndarray], first_doc: int,
+             remaps: list[np.ndarray],
              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The (term, doc, tf, in_name) entries and (2, docs) lengths of tokenized body and
-    name fields; ``remaps[f]`` maps field f's word indices to term ids, and docs are
-    numbered from ``first_doc``."""
+    name fields; ``remaps[f]`` maps field f's word indices to term ids."""
     term, docs, tf, in_name = [], [], [], []
     for field, ((_, word, doc, counts, _), remap) in enumerate(zip(fields, remaps, strict=True)):
         term.append(remap[word].astype(np.int64))
-        docs.append(doc + first_doc)
+        docs.append(doc)
         tf.append(counts)
         in_name.append(np.full(len(word), bool(field)))
     lengths = np.stack([fields[0][4], fields[1][4]])

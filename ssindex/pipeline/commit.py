@@ -17,10 +17,11 @@ from ssindex.backends.model import ModelSpec
 from ssindex.backends.selector import BackendReport
 from ssindex.codec import StoredVectors, bytes_per_vector, dense_coverage
 from ssindex.config import BuildConfig
-from ssindex.index.abstention import Thresholds, calibrate, recalibrate
+from ssindex.index.abstention import TermStats, Thresholds, calibrate, recalibrate
 from ssindex.index.integrity import checksums, table_files
 from ssindex.index.layout import FORMAT_VERSION, MANIFEST_SCHEMA, IndexDir, now_iso
 from ssindex.index.search_files import (
+    SEARCH_FILE_KEYS,
     SEARCH_FILES_VERSION,
     revectored_search_files,
     update_search_files,
@@ -33,7 +34,7 @@ from ssindex.pipeline.fingerprint import settings_fingerprint
 from ssindex.pipeline.plan import STAGES, BuildPlan
 from ssindex.pipeline.previous import PreviousIndex
 
-HEAD_FILES = ("manifest", "postings", "snapshot")
+HEAD_FILES = ("manifest", *SEARCH_FILE_KEYS)
 """Keys of ``HEAD.json`` that name per-version manifests."""
 
 
@@ -72,7 +73,7 @@ def commit(index: IndexDir, plan: BuildPlan, outcome: Outcome, writer: TableWrit
         previous is not None and previous.damaged)
     if current and writer.rows_written == writer.rows_deleted == 0:
         # same rows: the search files and thresholds of the previous build still hold
-        files = {name: kept[name] for name in HEAD_FILES[1:]}
+        files = {name: kept[name] for name in SEARCH_FILE_KEYS if name in kept}
         thresholds = Thresholds(**kept["abstention"])
         coverage = float(kept.get("dense_coverage", 1.0))
         how = "kept"
@@ -86,11 +87,13 @@ def commit(index: IndexDir, plan: BuildPlan, outcome: Outcome, writer: TableWrit
     result["dense_coverage"] = coverage
     result["search_files"] = how
     result["wall_seconds"] = round(time.perf_counter() - started.seconds, 3)
-    # manifests are hashed afresh (one may have been rewritten under its name, repaired);
-    # Lance files are never rewritten, so the previous head's hashes of them hold
-    recorded = checksums(index, [f"manifests/{name}" for name in (manifest, *files.values())],
-                         {}) | checksums(index, table_files(index, version),
-                                         kept.get("checksums", {}))
+    # the build manifest is hashed afresh (a build that changed no row rewrote it under
+    # its name); search files are never rewritten under theirs but by a repair, which
+    # records their new hashes, and Lance files never: the previous head's hashes hold
+    known = kept.get("checksums", {}) if current else {}
+    recorded = checksums(index, [f"manifests/{manifest}"], {}) | checksums(
+        index, [f"manifests/{name}" for name in files.values()], known) | checksums(
+        index, table_files(index, version), kept.get("checksums", {}))
     index.write_head({
         "format_version": FORMAT_VERSION, "table_version": version, "manifest": manifest,
         "root": str(plan.root), "built_at": now_iso(), "walk_started_ns": started.walk_ns,
@@ -112,7 +115,9 @@ def commit(index: IndexDir, plan: BuildPlan, outcome: Outcome, writer: TableWrit
     # readers may still be pinned to the previous head: its files stay too, but for a purge
     heads = [{"manifest": manifest, **files}] + ([] if writer.purge else [kept])
     index.prune_manifests(keep={head[key] for head in heads for key in HEAD_FILES
-                                if key in head}, min_age_s=0 if writer.purge else 3600)
+                                if key in head},
+                          oldest=min(version, int(kept.get("table_version", version))),
+                          min_age_s=0 if writer.purge else 3600)
     return result
 
 
@@ -133,12 +138,14 @@ def search_files_of(index: IndexDir, version: int, encoder: LazyEncoder, model_k
     abstain on it (``Searcher``), so a ``--no-embed`` build never loads the model."""
     made = None
     if changes is not None:
-        made, how = update_search_files(index, version, previous, *changes), "updated"
+        made = update_search_files(index, version, previous, *changes)
+        how = "updated" if "delta_snapshot" in made[0] else "merged"
     elif current:
         made, how = revectored_search_files(index, version, previous), "revectored"
     if made is None:
         made, how = write_search_files(index, version), "written"
-    files, data, stats = made
+    files, data, lexicon = made
+    stats = TermStats(lexicon.frequency, lexicon.total)
     coverage = dense_coverage(data.column("vec_codes"))
     if coverage < 1.0:
         return files, calibrate(stats, np.zeros((0, encoder.model.dim), np.float32), [],

@@ -17,7 +17,6 @@ from functools import cached_property
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 
 from ssindex.backends.base import Encoder
 from ssindex.backends.inventory import detect
@@ -28,9 +27,9 @@ from ssindex.errors import ConfigError, IndexCorrupt
 from ssindex.index.abstention import TermStats, Thresholds
 from ssindex.index.integrity import verify
 from ssindex.index.layout import Head, IndexDir
-from ssindex.index.postings import NAME_WEIGHT_IDENTIFIER, NAME_WEIGHT_NATURAL, Postings
+from ssindex.index.postings import NAME_WEIGHT_IDENTIFIER, NAME_WEIGHT_NATURAL, Lexicon
 from ssindex.index.remote import resolve_index
-from ssindex.index.search_files import SEARCH_FILES_VERSION
+from ssindex.index.search_files import SEARCH_FILE_KEYS, SEARCH_FILES_VERSION, SearchFiles
 from ssindex.query.dense import DenseLeg
 from ssindex.query.excerpt import Excerpts
 from ssindex.query.explanation import Explanation
@@ -128,8 +127,9 @@ class Searcher:
         """``trust_remote_code`` lets the index's model run its own code, as its build
         had to (``ModelSpec``)."""
         self.index = IndexDir(resolve_index(index_path))
-        self.head, self.rows, postings = self._pinned()
-        """The committed version, and every row of it: metadata, text and vector codes
+        self.head, self._files = self._pinned()
+        self.rows = self._files.rows
+        """Every row of the committed version: metadata, text and vector codes
         (memory-mapped)."""
         self._backend_choice = backend
         self._trust_remote_code = trust_remote_code
@@ -141,28 +141,25 @@ class Searcher:
         self.row_filter = RowFilter(self.rows)
         self.excerpts = Excerpts(self.rows, self.row_filter)
         self._terms: TermStats | None = None
-        self._postings_table = postings
-        self._postings: Postings | None = None
+        self._lexicon: Lexicon | None = None
 
-    def _pinned(self) -> tuple[Head, pa.Table, pa.Table]:
-        """The version ``HEAD.json`` names, its snapshot and its postings, both mapped now:
-        a commit removes the files of versions older than the one it replaces, and a
-        progressive build older partial snapshots (``ssindex.pipeline.publication``), so
-        files gone between reading ``HEAD.json`` and opening them are read again at the
-        new head. A mapped file stays readable after it is removed."""
+    def _pinned(self) -> tuple[Head, SearchFiles]:
+        """The version ``HEAD.json`` names and its search files, mapped now: a commit
+        removes the files of versions older than the one it replaces, and a progressive
+        build older partial snapshots (``ssindex.pipeline.publication``), so files gone
+        between reading ``HEAD.json`` and opening them are read again at the new head. A
+        mapped file stays readable after it is removed."""
         while True:
             head = self.index.read_head()
             if head.data.get("search_files") != SEARCH_FILES_VERSION:
                 raise IndexCorrupt(f"the index at {self.index.path} has search files of "
                                    "another ssindex release: run `ssindex build` once more "
                                    "(nothing is re-embedded)")
-            names = [head.data["snapshot"], head.data["postings"]]
+            names = [head.data[key] for key in SEARCH_FILE_KEYS if key in head.data]
             try:
                 for name in names:
                     verify(self.index, head.data.get("checksums", {}), f"manifests/{name}")
-                snapshot, postings = (self.index.read_manifest(name, mmap=True)
-                                      for name in names)
-                return head, snapshot, postings
+                return head, SearchFiles.read(self.index, head.data)
             except IndexCorrupt:
                 if all((self.index.path / "manifests" / name).is_file() for name in names) \
                         or self.index.read_head().data.get("snapshot") == names[0]:
@@ -186,7 +183,7 @@ class Searcher:
             return _NOTHING
         name_weight = (NAME_WEIGHT_IDENTIFIER if names_identifier(query)
                        else NAME_WEIGHT_NATURAL)
-        docs, scores = self.postings.top(terms, limit, name_weight, allowed)
+        docs, scores = self.lexicon.top(terms, limit, name_weight, allowed)
         return Ranking(docs.astype(np.int64), scores.astype(np.float64))
 
     def embed_query(self, query: str) -> np.ndarray:
@@ -322,14 +319,15 @@ class Searcher:
     @property
     def term_stats(self) -> TermStats:
         if self._terms is None:
-            self._terms = TermStats(self.postings.vocabulary, self.postings.counts)
+            self._terms = TermStats(self.lexicon.frequency, self.lexicon.total)
         return self._terms
 
     @property
-    def postings(self) -> Postings:
-        if self._postings is None:
-            self._postings = Postings.from_table(self._postings_table, len(self.rows))
-        return self._postings
+    def lexicon(self) -> Lexicon:
+        """BM25 over the rows (``ssindex.index.postings``), loaded at first use."""
+        if self._lexicon is None:
+            self._lexicon = self._files.lexicon()
+        return self._lexicon
 
     @property
     def encoder(self) -> Encoder:

@@ -18,7 +18,7 @@ from ssindex.errors import IndexCorrupt
 from ssindex.index.integrity import checksums, damaged
 from ssindex.index.layout import MANIFEST_SCHEMA, IndexDir
 from ssindex.index.lock import BuildLock
-from ssindex.index.search_files import write_search_files
+from ssindex.index.search_files import SEARCH_FILE_KEYS, write_search_files
 from ssindex.index.table import scan
 
 
@@ -40,17 +40,20 @@ def repair(index_path: Path) -> dict[str, Any]:
                 f"table is the index of record, so rebuild it from the source tree with "
                 f"`ssindex build {head.data['root']} --index {index.path}`")
         version = head.table_version
-        names = {key: f"manifests/{head.data[key]}" for key in ("snapshot", "postings")}
-        if set(names.values()) & set(broken):
+        search = {f"manifests/{head.data[key]}" for key in SEARCH_FILE_KEYS if key in head.data}
+        rewritten = [name for name in broken if name not in search]
+        if search & set(broken):  # the version's rows, rewritten as one base
             written, _, _ = write_search_files(index, version)
-            if written != {key: head.data[key] for key in written}:
-                raise IndexCorrupt(f"search files of {index.path} were written under other "
-                                   "names than HEAD.json records: rebuild with `ssindex build`")
+            for key in SEARCH_FILE_KEYS:
+                head.data.pop(key, None)
+            head.data.update(written)
+            recorded = {name: digest for name, digest in recorded.items() if name not in search}
+            rewritten += [f"manifests/{name}" for name in written.values()]
         manifest = f"manifests/{head.data['manifest']}"
         if manifest in broken:
             _rewrite_manifest(index, version, head.data["manifest"])
         if broken:
-            head.data["checksums"] = recorded | checksums(index, broken, {})
+            head.data["checksums"] = recorded | checksums(index, rewritten, {})
             index.write_head(head.data)
     return {"index": str(index.path), "verified": len(recorded), "damaged": broken,
             "repaired": broken}
