@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import threading
 
 import numpy as np
@@ -25,7 +26,15 @@ from ssindex.pipeline.progress import Progress
 from ssindex.records import Tokens
 
 SMALL_EMBED_LIMIT = 256
-"""An incremental build embedding at most this many chunks uses the query backend."""
+"""An incremental build embedding at most this many chunks, of at most this many changed
+files, uses the query backend."""
+SMALL_EMBED_LIMIT_BF16 = 32
+"""The same, on CPUs with fast bf16 (AMX, AVX512-BF16). Measured on an AMX Xeon on one
+thread (``ssindex watch``'s default there): the query backend embedded stdlib chunks in
+~85 ms each, the bulk backend's bf16 model in ~12 ms after ~3 s to load torch, so the
+bulk backend pays from ~40 chunks on. A 200-file branch switch's build took 20.0 s
+with the move at 256 chunks, 12.6 s at 64 and 10.2 s at 32; 8.5 s once torch loaded while
+the files were chunked (``prepare``)."""
 COMPILE_MIN_CHUNKS = 20_000
 """In auto mode, a build compiles its bf16 CPU model when it has at least this many
 chunks to embed. On an AMX Xeon, compiling took 13-20 s (cached kernels, or none) and
@@ -54,7 +63,8 @@ class LazyEncoder:
     An incremental build starts on the ``embed_query`` backend (ONNX Runtime on a
     CPU: ready in a fraction of a second, where loading torch takes seconds) and
     moves to the ``embed_bulk`` backend once it has more than ``SMALL_EMBED_LIMIT``
-    chunks to embed. Both agree to cosine ≥ 0.999 (see the backend tests)."""
+    chunks to embed (``SMALL_EMBED_LIMIT_BF16`` where bf16 is fast). Both agree to
+    cosine ≥ 0.999 (see the backend tests)."""
 
     def __init__(self, model: ModelSpec, cfg: BuildConfig, explicit: str | None,
                  progress: Progress, incremental: bool = False, embeds: bool = True,
@@ -73,8 +83,12 @@ class LazyEncoder:
         self.stats = EncodeStats()
         self.selection: Selection | None = None
         self.encoder: Encoder | None = None
-        self._loading: threading.Thread | None = None
-        self._pool = pool
+        self._loading: list[threading.Thread] = []
+        self._pool = pool if pool is not None else EncoderPool()
+        self._changed = 0
+        """Changed files met so far (``prepare``)."""
+        self._loads = threading.Lock()
+        """Held while an encoder loads: a load waits for one in flight, never repeats it."""
 
     def encode(self, texts: list[str]) -> np.ndarray:
         return self._ready(len(texts)).encode(texts) if texts else self._none()
@@ -89,56 +103,75 @@ class LazyEncoder:
         """The encoder for ``count`` more texts: the bulk one once there are many."""
         self._settle()
         self._embedded += count
-        if self._phase == "embed_query" and self._embedded > SMALL_EMBED_LIMIT:
+        if self._phase == "embed_query" and max(self._embedded, self._changed) \
+                > self._small_limit:
             self._phase, self.encoder = "embed_bulk", None
         return self.load()
 
-    def prepare(self) -> None:
-        """Start loading the backend in a background thread. An incremental build calls
-        this on meeting a changed file, so that the load (~0.4 s for ONNX Runtime)
-        overlaps the walk and dedupe instead of following them. A failure there is
-        left for ``load`` to meet again, in the caller's thread."""
-        if self.encoder is None and self._loading is None:
-            def load_quietly() -> None:
-                with contextlib.suppress(Exception):
-                    self._load()
+    @functools.cached_property
+    def _small_limit(self) -> int:
+        """Chunks past which an incremental build moves to the bulk backend."""
+        return SMALL_EMBED_LIMIT_BF16 if detect(with_torch=False).bf16_fast \
+            else SMALL_EMBED_LIMIT
 
-            self._loading = threading.Thread(target=load_quietly, daemon=True,
-                                             name="ssindex-encoder-load")
-            self._loading.start()
+    def prepare(self) -> None:
+        """Note a changed file, and start loading the backend its chunks will need in a
+        background thread. An incremental build calls this on meeting each changed file:
+        the first starts loading its backend (~0.4 s for ONNX Runtime), so that the load
+        overlaps the walk and dedupe instead of following them; the one past
+        ``_small_limit`` starts loading the bulk backend (~3 s for torch), which that many
+        files' new chunks move the build to. A failure there is left for ``load`` to
+        meet again, in the caller's thread."""
+        self._changed += 1
+        if self._changed == 1 and self.encoder is None:
+            self._in_background(self._phase)
+        elif self._changed == self._small_limit + 1 and self._phase == "embed_query":
+            self._in_background("embed_bulk")
+
+    def _in_background(self, phase: str) -> None:
+        """Load ``phase``'s encoder into the pool on a thread."""
+        def load_quietly() -> None:
+            with contextlib.suppress(Exception):
+                self._pooled(phase)
+
+        loading = threading.Thread(target=load_quietly, daemon=True,
+                                   name="ssindex-encoder-load")
+        self._loading.append(loading)
+        loading.start()
 
     def _settle(self) -> None:
-        if self._loading is not None:
-            self._loading.join()
-            self._loading = None
+        while self._loading:
+            self._loading.pop().join()
 
     def load(self) -> Encoder:
         self._settle()
         return self._load()
 
     def _load(self) -> Encoder:
+        if self.encoder is None:
+            self.selection, self.encoder = self._pooled(self._phase)
+            self.encoder.stats = self.stats
+        return self.encoder
+
+    def _pooled(self, phase: str) -> tuple[Selection, Encoder]:
+        """``phase``'s encoder: the pool's, or loaded now and kept there."""
         if not self.embeds:
             raise RuntimeError("a --no-embed build asked for the model")
-        key = (self._phase, self.model.key, self._explicit)
-        kept = self._pool.get(key) if self._pool is not None and self.encoder is None else None
-        if kept is not None:
-            self.selection, self.encoder = kept
-            self.encoder.stats = self.stats
-        if self.encoder is None:
-            query = self._phase == "embed_query"
-            # the query backends are probed anyway: importing torch (seconds) to take
-            # the machine's inventory would cost a one-file rebuild most of its time
-            self.selection = select(self._phase, self.model, None if query else self._explicit,
-                                    inventory=detect(with_torch=not query),
-                                    warn=self._progress.message)
-            if not query:
-                self._compile(self.selection)
-            self.encoder = Encoder(self.selection.backend, self.model,
-                                   self._cfg.embed.batch_tokens)
-            self.encoder.stats = self.stats
-            if self._pool is not None:
-                self._pool.keep(key, self.selection, self.encoder)
-        return self.encoder
+        with self._loads:
+            return self._pool.get((phase, self.model.key, self._explicit)) or \
+                self._loaded(phase)
+
+    def _loaded(self, phase: str) -> tuple[Selection, Encoder]:
+        query = phase == "embed_query"
+        # the query backends are probed anyway: importing torch (seconds) to take the
+        # machine's inventory would cost a one-file rebuild most of its time
+        selection = select(phase, self.model, None if query else self._explicit,
+                           inventory=detect(with_torch=not query), warn=self._progress.message)
+        if not query:
+            self._compile(selection)
+        encoder = Encoder(selection.backend, self.model, self._cfg.embed.batch_tokens)
+        self._pool.keep((phase, self.model.key, self._explicit), selection, encoder)
+        return selection, encoder
 
     def _compile(self, selection: Selection) -> None:
         """Compile the bulk model when the build is large enough to repay it; a compile

@@ -48,7 +48,7 @@ class BuildPlan:
     cut: Callable[[dict[str, str | None]], None] | None = None
     """Receives files' cuts by key (``engines.pool.Prepared.cut``) for the shared cache."""
     on_change: Callable[[], None] | None = None
-    """Called when an incremental build meets its first new or changed file."""
+    """Called when an incremental build meets each new or changed file."""
     batch_chunks: int = 256
     """Chunks per batch between dedupe and write."""
     workers: int = 1

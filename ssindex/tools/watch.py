@@ -241,7 +241,9 @@ class Watcher:
 
 
 def _summary(stats: dict[str, Any], seconds: float) -> str:
+    embedded = stats["chunks_embedded"]
+    backend = stats["backends"]["embed_bulk"].get("backend") if embedded else None
     return (f"indexed: {stats['files_changed']} changed, {stats['files_new']} new, "
-            f"{stats['files_removed']} removed; {stats['chunks_embedded']} chunks embedded, "
-            f"{stats['chunks_total']} in all; {seconds:.2f} s "
-            f"(version {stats['table_version']})")
+            f"{stats['files_removed']} removed; {embedded} chunks embedded"
+            f"{f' ({backend})' if backend else ''}, {stats['chunks_total']} in all; "
+            f"{seconds:.2f} s (version {stats['table_version']})")

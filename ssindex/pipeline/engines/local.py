@@ -162,13 +162,11 @@ def _chunked(plan: BuildPlan, candidates: Iterable[Candidate], stats: RunStats,
 def _carry(plan: BuildPlan, files: Iterable[SourceFile], previous: StoredChunks,
            stats: RunStats, progress: Progress) -> Iterator[SourceFile]:
     """The files to chunk; unchanged ones are only recorded, with their stored chunk ids."""
-    changed = False
     for source in files:
         ids = previous.carried(source)
         if ids is None:
-            if not changed and plan.on_change is not None:
+            if plan.on_change is not None:
                 plan.on_change()
-            changed = True
             read = reread(plan.root, source, plan.config.walk, stats.walk)
             if read is not None:
                 yield read
