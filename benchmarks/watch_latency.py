@@ -47,6 +47,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _corpus import report
 from _machine import cpu_label
 
+from ssindex.index.layout import IndexDir
+
 POLL_S = 0.05
 CLI = str(Path(sys.executable).with_name("ssindex"))
 
@@ -135,12 +137,12 @@ class Session:
 
 
 async def measure(root: Path, files: list[Path], edits: int, switch: int,
-                  idle: float) -> dict[str, Any]:
+                  idle: float, log: Path) -> dict[str, Any]:
     params = StdioServerParameters(command=CLI, args=["serve", "--watch", "--root", str(root)],
                                    env=dict(os.environ))
     out: dict[str, Any] = {}
-    with open(os.devnull, "w") as quiet:
-        async with stdio_client(params, errlog=quiet) as (read, write), \
+    with open(log, "w") as server_log:
+        async with stdio_client(params, errlog=server_log) as (read, write), \
                 ClientSession(read, write) as client:
             await client.initialize()
             session = Session(client)
@@ -196,12 +198,23 @@ def baseline(root: Path, path: Path) -> float:
     return time.perf_counter() - started
 
 
+def _indexed_sources(root: Path) -> list[Path]:
+    """The non-empty Python files the copy's index holds: an edit to a file the walk
+    skips (``site-packages`` under a pyenv's standard library) is never found."""
+    index = IndexDir(root / ".ssindex")
+    listed = index.read_manifest(index.read_head().data["manifest"]).column("path")
+    return sorted(root / path for path in listed.to_pylist()
+                  if path.endswith(".py") and (root / path).stat().st_size > 0)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--source", type=Path, required=True)
     parser.add_argument("--edits", type=int, default=20)
     parser.add_argument("--switch", type=int, default=200)
     parser.add_argument("--idle", type=float, default=60.0)
+    parser.add_argument("--server-log", type=Path, default=Path(os.devnull),
+                        help="where the server's lines go (one per build)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if not (args.source / ".ssindex" / "HEAD.json").is_file():
@@ -217,14 +230,14 @@ def main() -> None:
         (root / ".git" / "info" / "exclude").write_text(".ssindex/\n", encoding="utf-8")
         _git(root, "add", "-A")
         _git(root, "commit", "-qm", "copy")
-        files = sorted(path for path in root.rglob("*.py")
-                       if ".ssindex" not in path.parts and path.stat().st_size > 0)
+        files = _indexed_sources(root)
         files = random.Random(0).sample(files, args.edits + args.switch + 3)
         subprocess.run([CLI, "build", str(root), "--no-progress"], check=True,
                        capture_output=True, timeout=1800)  # the copy's new stats, untimed
         without = [baseline(root, path) for path in files[-3:]]
         _git(root, "commit", "-qam", "baseline edits")
-        measured = anyio.run(measure, root, files, args.edits, args.switch, args.idle)
+        measured = anyio.run(measure, root, files, args.edits, args.switch, args.idle,
+                             args.server_log)
         _git(root, "checkout", "-q", "main")
 
         started = time.perf_counter()
