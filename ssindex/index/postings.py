@@ -172,8 +172,9 @@ class Lexicon:
     own statistics (document frequencies, field lengths), not from scores stored with
     the postings: stored scores would hold the statistics of the rows they were
     written with, so every commit would have rewritten every posting (~0.4 s of a
-    one-file change to the standard library's index). Weighing the few thousand
-    postings of a query's terms takes well under a millisecond."""
+    one-file change to the standard library's index). Weighing a query's postings
+    (38k for the median CoSQA question over the standard library) takes ~0.7 ms, ~0.35 ms
+    more than summing stored scores; a hybrid search does it beside the dense scan."""
 
     def __init__(self, segments: list[Segment]) -> None:
         self.segments = segments
