@@ -271,7 +271,8 @@ def test_token_counts_are_the_tokenizers_own() -> None:
     bpe.train_from_iterator(code, trainers.BpeTrainer(vocab_size=400))
     added = ModelSpec.resolve(None).tokenizer()  # tokens matched after normalization
     added.add_tokens([AddedToken("<code>", normalized=True), AddedToken("foo bar")])
-    for tokenizer in (ModelSpec.resolve(None).tokenizer(), bpe, added):
+    texts_bert = ModelSpec.resolve(None).tokenizer()
+    for tokenizer in (texts_bert, bpe, added):
         whole = Tokenizer.from_str(tokenizer.to_str())
         whole.no_truncation()
         expected = [len(e.ids) for e in whole.encode_batch(texts, add_special_tokens=False)]
@@ -282,6 +283,28 @@ def test_token_counts_are_the_tokenizers_own() -> None:
         forgetful.REMEMBERED = 16  # forgets as it goes
         assert [n for i in range(0, len(texts), 50) for n in forgetful(texts[i:i + 50])] \
             == expected
+        ids = [e.ids for e in whole.encode_batch(texts, add_special_tokens=False)]
+        joined = counter.ids(texts)
+        assert all(cut is None or cut.tolist() == own for cut, own in zip(joined, ids, strict=True))
+        # the BERT tokenizer joins every text's ids but the three that hold "[SEP]"
+        assert sum(cut is None for cut in joined) == (
+            3 if tokenizer is texts_bert else len(texts))
+
+
+def test_chunks_are_cut_into_the_tokenizers_own_tokens(tmp_path: Path) -> None:
+    """The embed stage's tokens (joined from remembered lines' ids where a chunk fits the
+    window) are the tokenizer's, special tokens and windows included."""
+    window = ModelWindow(ModelSpec.resolve(None))
+    texts = [path.read_text() for path in sorted((STDLIB / "email").glob("*.py"))]
+    texts += ["\n".join(HOSTILE), *HOSTILE, *_fuzz(300)]
+    chunks = [c for i, text in enumerate(texts) for c in chunk_file(
+        SourceFile(f"f{i}.py", "python", text, len(text), 0, str(i)), ChunkConfig())[0]]
+    assert any(t.truncated for t in window.measure(chunks))  # not fitted: some are long
+    for cut, own in zip(window.tokens(chunks), window.measure(chunks), strict=True):
+        assert cut is not None
+        assert cut.ids.dtype == own.ids.dtype and np.array_equal(cut.ids, own.ids)
+        assert cut.truncated == own.truncated
+        assert [r.tolist() for r in cut.rest] == [r.tolist() for r in own.rest]
 
 
 def test_a_text_longer_than_the_window_is_read_window_by_window(tmp_path: Path) -> None:

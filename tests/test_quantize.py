@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from ssindex.codec import (
@@ -11,6 +12,7 @@ from ssindex.codec import (
     stored_scores,
 )
 from ssindex.stages.embed import Exemplars
+from ssindex.util.arrays import binary_matrix, binary_rows
 
 
 @pytest.mark.parametrize(("method", "min_cosine"), [("none", 0.999999), ("int8", 0.999),
@@ -45,7 +47,9 @@ def test_a_duplicate_takes_its_exemplars_codes(method: str) -> None:
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
     ids = [f"c{i}" for i in range(len(vectors))]
     exemplars = Exemplars(method)  # type: ignore[arg-type]
-    exemplars.keep([*ids, "none"], [*vectors, None])
+    for start, end in ((0, 1), (1, 200), (200, 500)):  # kept a batch at a time
+        exemplars.keep(ids[start:end], list(vectors[start:end]))
+    exemplars.keep(["none"], [None])
     assert exemplars.vector("none") is None
     copied = np.stack([exemplars.vector(i) for i in ids])
     codes, scales = quantize_matrix(vectors, method)  # type: ignore[arg-type]
@@ -78,3 +82,14 @@ def test_scores_from_codes_equal_the_dequantized_products(method: str) -> None:
     expected = dequantize_matrix(codes, scales, method, 383) @ query  # type: ignore[arg-type]
     assert scores.dtype == np.float32
     assert np.allclose(scores, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("method", ["none", "int8", "int4"])
+def test_codes_stored_as_binary_rows_read_back_with_their_nulls(method: str) -> None:
+    rng = np.random.default_rng(1)
+    codes, _ = quantize_matrix(rng.normal(size=(37, 383)).astype(np.float32), method)  # type: ignore[arg-type]
+    present = rng.random(37) < 0.6
+    column = binary_rows(codes[present], present)
+    assert column.to_pylist() == [row.tobytes() if keep else None
+                                  for row, keep in zip(codes, present, strict=True)]
+    assert np.array_equal(binary_matrix(column.filter(pa.array(present))), codes[present])

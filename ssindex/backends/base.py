@@ -116,6 +116,7 @@ class Encoder:
             seqs += text.rest
             owners += [row] * len(text.rest)
         out = np.empty((len(seqs), self.model.dim), dtype=np.float32)
+        bulk = len(tokens) >= BULK_TEXTS
         order = np.argsort([-len(seq) for seq in seqs], kind="stable")
         in_flight: collections.deque[tuple[np.ndarray, Callable[[], np.ndarray]]] = \
             collections.deque()
@@ -126,9 +127,11 @@ class Encoder:
             in_flight.append((rows, self._submit([seqs[i] for i in rows], shape)))
             while len(in_flight) > self.overlap:  # one batch stays in flight, or none
                 self._collect(out, *in_flight.popleft())
+                if bulk:  # give the batch's tensors back (a call of 1,024 chunks runs ~50)
+                    self._trimmer.after_batch()
         while in_flight:
             self._collect(out, *in_flight.popleft())
-        if len(tokens) >= BULK_TEXTS:  # a bulk call: give the batches' tensors back
+        if bulk:
             self._trimmer.after_batch()
         out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
         if len(seqs) == len(tokens):

@@ -29,11 +29,18 @@ from datetime import timedelta
 import numpy as np
 import pyarrow as pa
 
-from ssindex.codec import dense_coverage, quantize_matrix
+from ssindex.codec import (
+    code_width,
+    dense_coverage,
+    embedded_mask,
+    quantize_matrix,
+    stored_codes,
+)
 from ssindex.index.integrity import checksums
 from ssindex.index.layout import TABLE, IndexDir
 from ssindex.pipeline.previous import PreviousIndex
 from ssindex.pipeline.staging import Staging
+from ssindex.util.arrays import binary_rows
 
 
 class Publisher:
@@ -48,14 +55,20 @@ class Publisher:
         ids = previous.chunks.column("id").to_pylist()
         key_of = dict(zip(ids, previous.chunks.column("embed_key").to_pylist(), strict=True))
         exemplar = dict(zip(ids, previous.chunks.column("dup_of").to_pylist(), strict=True))
-        # the key whose vector each snapshot row shows: its own, or its exemplar's
-        self.keys = [key_of[exemplar[row_id] or row_id]
-                     for row_id in self.rows.column("id").to_pylist()]
-        self.codes: dict[str, tuple[bytes, float]] = {
-            key: (code, scale) for key, code, scale in zip(
-                self.keys, self.rows.column("vec_codes").to_pylist(),
-                self.rows.column("vec_scale").to_pylist(), strict=True) if code is not None}
-        """Codes by embed key: those the lexical version holds, then each one embedded."""
+        # the key whose vector each snapshot row shows: its own, or its exemplar's; codes
+        # are kept once a key, in arrays (a dict of bytes took ~600 B a row)
+        keys = np.array([key_of[exemplar[row_id] or row_id].encode()
+                         for row_id in self.rows.column("id").to_pylist()])
+        self._keys, self._slot = np.unique(keys, return_inverse=True)
+        method, dim = head["quantization"], previous.head.dim
+        self._codes = np.zeros((len(self._keys), code_width(method, dim)), np.uint8)
+        self._scales = np.zeros(len(self._keys), np.float32)
+        self._have = np.zeros(len(self._keys), bool)
+        present = embedded_mask(self.rows)
+        held = np.arange(len(keys)) if present is None else np.flatnonzero(present)
+        if len(held):  # vectors the snapshot holds: a killed build's partial version
+            codes, scales = stored_codes(self.rows, method, dim)
+            self._store(self._slot[held], codes[held], scales[held])
         self.published: list[str] = [head["snapshot"]]
         self._pending = 0
         self._last = time.monotonic()
@@ -67,26 +80,31 @@ class Publisher:
 
     def seed(self, staging: Staging) -> None:
         """Vectors a killed build checkpointed: the first partial version shows them."""
-        found = staging.lookup(list(dict.fromkeys(self.keys)))
+        found = staging.lookup([key.decode() for key in self._keys])
         if found:
             self.add(list(found), np.stack(list(found.values())), publish=False)
 
     def add(self, keys: list[str], vectors: np.ndarray, publish: bool = True) -> None:
         """Freshly embedded vectors; publishes a version when one is due."""
         codes, scales = quantize_matrix(vectors, self.head["quantization"])
-        for key, code, scale in zip(keys, codes, scales, strict=True):
-            self.codes[key] = (code.tobytes(), float(scale))
+        wanted = np.array([key.encode() for key in keys])
+        slots = np.searchsorted(self._keys, wanted).clip(max=len(self._keys) - 1)
+        shown = self._keys[slots] == wanted  # a key no snapshot row shows is not kept
+        self._store(slots[shown], codes[shown], scales[shown])
         self._pending += len(keys)
         due = (time.monotonic() - self._last >= self.every_seconds
                or self._pending >= self.every_chunks)
         if publish and due:
             self.publish()
 
+    def _store(self, slots: np.ndarray, codes: np.ndarray, scales: np.ndarray) -> None:
+        self._codes[slots], self._scales[slots], self._have[slots] = codes, scales, True
+
     def publish(self) -> None:
         """Commit a partial version with every vector received so far."""
-        stored = [self.codes.get(key) for key in self.keys]
-        codes = pa.array([s[0] if s else None for s in stored], pa.binary())
-        scales = pa.array([s[1] if s else None for s in stored], pa.float32())
+        present = self._have[self._slot]
+        codes = binary_rows(self._codes[self._slot[present]], present)
+        scales = pa.array(self._scales[self._slot], pa.float32(), mask=~present)
         rows = self.rows.set_column(self.rows.schema.get_field_index("vec_codes"),
                                     "vec_codes", codes)
         rows = rows.set_column(rows.schema.get_field_index("vec_scale"), "vec_scale", scales)

@@ -20,6 +20,18 @@ def binary_matrix(column: pa.Array) -> np.ndarray:
     return data.reshape(len(column), width)
 
 
+def binary_rows(values: np.ndarray, present: np.ndarray) -> pa.Array:
+    """``binary_matrix`` reversed: a binary column with one value for each True of
+    ``present`` (the rows of ``values``, uint8, in order) and a null for each False,
+    built from one buffer rather than a bytes object a row."""
+    offsets = np.zeros(len(present) + 1, np.int32)
+    np.cumsum(present * values.shape[1], out=offsets[1:])
+    validity = np.packbits(present, bitorder="little")
+    return pa.Array.from_buffers(pa.binary(), len(present), [
+        pa.py_buffer(validity), pa.py_buffer(offsets),
+        pa.py_buffer(np.ascontiguousarray(values))], null_count=len(present) - len(values))
+
+
 def numeric_view(array: pa.Array | pa.ChunkedArray, dtype: type[np.generic]) -> np.ndarray:
     """A null-free, fixed-width Arrow array as a numpy view.
 
