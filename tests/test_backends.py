@@ -10,7 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ssindex.backends.base import WIDTH_STEP, Encoder, _token_budget_batches
+from ssindex.backends.base import (
+    BULK_TEXTS,
+    TRIM_ROWS,
+    WIDTH_STEP,
+    Encoder,
+    _token_budget_batches,
+)
 from ssindex.backends.inventory import Inventory, detect
 from ssindex.backends.model import ModelSpec
 from ssindex.backends.names import BACKENDS, PHASES, parse_overrides
@@ -26,6 +32,7 @@ from ssindex.stages.chunk import chunk_file
 from ssindex.stages.embed import ModelWindow, embedding_text
 from ssindex.stages.walk import content_hash
 from ssindex.tools.calibrate import runnable_backends
+from ssindex.util import heap
 
 from .conftest import STDLIB, cli_json, run_cli, run_tty
 
@@ -117,6 +124,26 @@ def test_the_next_batch_starts_before_the_last_one_is_awaited(
     encoder.overlap = False
     assert np.array_equal(encoder.encode(texts), vectors)
     assert events[:4] == ["start", "wait", "start", "wait"]
+
+
+def test_bulk_calls_give_freed_memory_back_every_trim_rows(
+        model: ModelSpec, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bulk calls trim the heap each ``TRIM_ROWS`` rows embedded, counted across calls (a
+    call of 1,024 chunks would otherwise hold ~50 batches' freed tensors); a query-sized
+    call never trims."""
+    trims: list[int] = []
+    monkeypatch.setattr(heap, "trim", lambda: trims.append(1))
+    # a one-token budget runs a row a batch, so that trims fall exactly on the count
+    encoder = Encoder(create("torch-cpu-fp32", model, detect()), model, batch_tokens=1)
+    texts = [f"def handler_{i}(event): return {i}" for i in range(2 * TRIM_ROWS)]
+    encoder.encode(texts[:BULK_TEXTS - 1])
+    assert trims == []
+    encoder.encode(texts[: TRIM_ROWS // 2])
+    assert trims == []
+    encoder.encode(texts[: TRIM_ROWS // 2])
+    assert len(trims) == 1
+    encoder.encode(texts[: 2 * TRIM_ROWS])
+    assert len(trims) == 3
 
 
 def test_compiled_model_matches_fp32_and_caches_no_pickle(

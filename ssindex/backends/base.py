@@ -30,6 +30,10 @@ power of two, so a build runs a few dozen batch shapes, not hundreds. Every new 
 oneDNN (torch's CPU kernels) a primitive it keeps in a cache of 1,024: on an AMX Xeon
 over 12,288 stdlib chunks, unbounded shapes grew RSS by ~28 KB a chunk (920 → 1,259 MB);
 a cache of 8 held it to ~8 KB but ran 20% slower, creating primitives each batch."""
+TRIM_ROWS = 256
+"""Rows a bulk call embeds between heap trims: a 9,587-chunk build peaked at 1,113 MB
+trimming once a call of 1,024 chunks, 992 MB trimming after every forward pass, which
+took the standard library's build 333 → 400 s on AMX (``util.heap``)."""
 BULK_TEXTS = 32
 """An ``encode`` call of at least this many texts is bulk work (a build's batch, not a
 query): its freed tensors go back to the OS (``util.heap``)."""
@@ -90,6 +94,8 @@ class Encoder:
         self.prompt = model.prompt(role)
         self.stats = EncodeStats()
         self._trimmer = heap.Trimmer()
+        self._untrimmed = 0
+        """Rows of bulk calls embedded since the last heap trim."""
         self.overlap = True
         """Whether the next batch is padded and started before the last one's vectors
         are awaited: a backend with ``submit`` (torch on CUDA) then computes while the
@@ -126,13 +132,9 @@ class Encoder:
             rows = order[batch]
             in_flight.append((rows, self._submit([seqs[i] for i in rows], shape)))
             while len(in_flight) > self.overlap:  # one batch stays in flight, or none
-                self._collect(out, *in_flight.popleft())
-                if bulk:  # give the batch's tensors back (a call of 1,024 chunks runs ~50)
-                    self._trimmer.after_batch()
+                self._collected(out, in_flight.popleft(), bulk)
         while in_flight:
-            self._collect(out, *in_flight.popleft())
-        if bulk:
-            self._trimmer.after_batch()
+            self._collected(out, in_flight.popleft(), bulk)
         out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
         if len(seqs) == len(tokens):
             return out
@@ -160,6 +162,17 @@ class Encoder:
                 return pending
             vectors = self.backend.forward(input_ids, mask)
         return lambda: vectors
+
+    def _collected(self, out: np.ndarray, batch: tuple[np.ndarray, Callable[[], np.ndarray]],
+                   bulk: bool) -> None:
+        """``_collect`` a batch; in bulk calls, give the freed tensors back to the OS each
+        ``TRIM_ROWS`` rows (``util.heap``)."""
+        self._collect(out, *batch)
+        if bulk:
+            self._untrimmed += len(batch[0])
+            if self._untrimmed >= TRIM_ROWS:
+                self._untrimmed = 0
+                self._trimmer.after_batch()
 
     def _collect(self, out: np.ndarray, rows: np.ndarray,
                  pending: Callable[[], np.ndarray]) -> None:
