@@ -216,6 +216,10 @@ def embed(
         found = reuse(keys) if reuse is not None else {}
         missing = [(row, key) for row, key in zip(fresh, keys, strict=True)
                    if key not in found] if encoder is not None else []
+        if fitted is not None:  # before the vectors go to the cache, whose eviction of
+            # them (a call can pass a small cache's bound) then takes their fits too
+            fitted([key for row, key in zip(fresh, keys, strict=True)
+                    if row.tokens is not None and not row.tokens.truncated])
         computed: dict[str, np.ndarray] = {}
         if encoder is not None and missing:
             vectors = _vectors(encoder, [row for row, _ in missing])
@@ -227,9 +231,6 @@ def embed(
         exemplars.keep([row.chunk.id for row in fresh], [row.vector for row in fresh])
         stats.embedded += len(missing)
         stats.reused += sum(key in found for key in keys)
-        if fitted is not None:
-            fitted([key for row, key in zip(fresh, keys, strict=True)
-                    if row.tokens is not None and not row.tokens.truncated])
         for row in batch:
             row.tokens = None
             if row.dup_of is not None:
