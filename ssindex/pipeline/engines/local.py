@@ -36,10 +36,6 @@ T = TypeVar("T")
 _DONE = object()
 CUTS_PER_WRITE = 256
 """Files whose cuts go to the shared cache in one transaction."""
-EMBED_CHUNKS = 1024
-"""Chunks per call of the encoder: it sorts a call's texts by length into batches of
-one width, so a longer call pads less (standard-library chunks: 10.6% of the tokens
-run were padding in calls of 256, 6.3% in calls of 1,024)."""
 
 
 def _chunk_ids(manifest: list[dict[str, Any]]) -> list[str]:
@@ -82,8 +78,7 @@ def _prefetch(items: Iterator[T], depth: int) -> Iterator[T]:
 def run_local(plan: BuildPlan, stats: RunStats, progress: Progress) -> Iterator[pa.RecordBatch]:
     """Yield record batches of the new or changed rows of the index, in path order."""
     clock = stats.clock
-    produced = _prefetch(_produce(plan, stats, progress), depth=8)
-    handed = clock.timed("wait", _rebatch(produced, EMBED_CHUNKS), None)
+    handed = clock.timed("wait", _prefetch(_produce(plan, stats, progress), depth=8), None)
     encoder = plan.encoder if plan.embeds else None
     embedded = clock.timed("embed", embed(handed, encoder, plan.model_key, stats.embed,
                                           plan.reuse, plan.checkpoint, plan.fitted,
