@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 import numpy as np
@@ -108,18 +109,30 @@ def _json_with_copies() -> list[Chunk]:
             _chunk("z3.py", near + "\n"), _chunk("z4.py", base.replace("    ", "\t"))]
 
 
-def test_verdicts_hold_when_band_keys_settle_into_arrays(monkeypatch: pytest.MonkeyPatch,
-                                                        ) -> None:
-    """``Buckets`` keeps a batch's keys in a dict and merges them into sorted arrays
-    after it: merged or not, a key finds the same exemplars."""
+@pytest.mark.parametrize("size", [1, 7, 64])
+def test_verdicts_do_not_depend_on_batch_boundaries(size: int) -> None:
+    """Within a batch, exemplars are found among its earlier rows; across batches, in
+    ``Buckets``' merged runs: either way a chunk meets the same earlier exemplars."""
     chunks = _json_with_copies()
-    expected, stats = _verdicts(chunks)  # one batch: no key is merged
-    monkeypatch.setattr(Buckets, "RECENT", 1)  # merged after every batch
-    merged = DedupeStats()
-    batches = [[IndexedChunk(c) for c in chunks[i:i + 7]] for i in range(0, len(chunks), 7)]
-    rows = [r for batch in dedupe(batches, DedupeConfig(), merged) for r in batch]
+    expected, stats = _verdicts(chunks)  # one batch
+    batched = DedupeStats()
+    batches = [[IndexedChunk(c) for c in chunks[i:i + size]] for i in range(0, len(chunks), size)]
+    rows = [r for batch in dedupe(batches, DedupeConfig(), batched) for r in batch]
     assert [r.dup_of for r in rows] == expected
-    assert (merged.exact, merged.near) == (stats.exact, stats.near) and stats.near >= 2
+    assert (batched.exact, batched.near) == (stats.exact, stats.near) and stats.near >= 2
+
+
+def test_buckets_find_every_member_of_a_key_across_runs() -> None:
+    buckets = Buckets()
+    rng = np.random.default_rng(0)
+    keys = rng.integers(0, 50, size=(300, 4)).astype(np.uint64)  # many shared keys
+    for start in range(0, 300, 7):
+        buckets.add(keys[start:start + 7], np.arange(start, min(start + 7, 300)))
+    assert len(buckets._runs) < 12
+    probe = rng.integers(0, 60, size=(20, 4)).astype(np.uint64)
+    found = buckets.members(probe)
+    for row, members in zip(probe, found, strict=True):
+        assert members == {m for m in range(300) if np.isin(keys[m], row).any()}
 
 
 def test_bucket_replay_reaches_the_streaming_verdicts() -> None:
@@ -130,7 +143,7 @@ def test_bucket_replay_reaches_the_streaming_verdicts() -> None:
     expected, stats = _verdicts(chunks)
 
     sign = Signer(cfg)
-    signatures = [sign(c.text) for c in chunks]
+    signatures = sign([c.text for c in chunks])
     first: dict[str, int] = {}
     exact = {}
     for ordinal, c in enumerate(chunks):
@@ -169,7 +182,7 @@ def test_incremental_replay_reaches_the_streaming_verdicts(change: str) -> None:
            _chunk("z3.py", near + "\n"), _chunk("z4.py", largest.text.replace("    ", "\t"))]
     old_verdicts, _ = _verdicts(old)
     sign = Signer(cfg)
-    minhashes = [sign(c.text) for c in old]
+    minhashes = sign([c.text for c in old])
     previous = _Stored(pa.table({"id": [c.id for c in old],
                                  "content_hash": [c.content_hash for c in old],
                                  "minhash": minhashes, "dup_of": old_verdicts}), old)
@@ -195,3 +208,35 @@ def test_incremental_replay_reaches_the_streaming_verdicts(change: str) -> None:
         1 for c in new if c.id not in replayed and stored[c.id] is None)
     carried = [v for c, v in zip(old, old_verdicts, strict=True) if c.id in {n.id for n in new}]
     assert [v for c, v in zip(new, expected, strict=True) if c.id in stored] != carried
+
+
+def test_signatures_are_datasketchs_minhashes() -> None:
+    """The batched signer must give each text exactly the MinHash datasketch gives its
+    shingles, whatever block boundaries fall between texts; short texts get none."""
+    import xxhash
+    from datasketch import MinHash
+
+    cfg = DedupeConfig()
+    texts = [c.text for source in walk(STDLIB / "json", WalkConfig(), WalkStats())
+             for c in chunk_file(source, ChunkConfig())[0]]
+    texts += ["x = 1", "", "ünïcode wörds ÄND MORE wörds " * 40]
+    sign = Signer(cfg)
+    sign.BLOCK = 64  # many blocks, and texts larger than one
+    template = MinHash(num_perm=cfg.num_perm)
+    expected: list[bytes | None] = []
+    for text in texts:
+        words = re.findall(r"\w+", text.lower())
+        if len(words) < cfg.min_tokens:
+            expected.append(None)
+            continue
+        minhash = MinHash(num_perm=cfg.num_perm, hashfunc=xxhash.xxh32_intdigest,
+                          permutations=template.permutations, scheme=template.scheme)
+        minhash.update_batch([" ".join(words[i:i + cfg.shingle_size]).encode()
+                              for i in range(len(words) - cfg.shingle_size + 1)])
+        expected.append(minhash.hashvalues.astype(np.uint32).tobytes())
+    assert sum(e is None for e in expected) >= 2 and len(texts) > 50
+    assert sign(texts) == expected
+    assert [sign([text])[0] for text in texts[:20]] == expected[:20]
+    few = DedupeConfig(min_tokens=1)  # fewer words than a shingle: datasketch's empty MinHash
+    empty = template.hashvalues.astype(np.uint32).tobytes()
+    assert Signer(few)(["two words", "one"]) == [empty, empty]

@@ -44,7 +44,7 @@ import xxhash
 from datasketch import MinHash
 
 from ssindex.config import DedupeConfig
-from ssindex.records import IndexedChunk, StoredChunks
+from ssindex.records import Chunk, IndexedChunk, StoredChunks
 from ssindex.util.arrays import binary_matrix
 
 _WORD = re.compile(r"\w+")
@@ -64,30 +64,75 @@ class DedupeStats:
     near: int = 0
 
 
-def _hash32(data: bytes) -> int:
-    return xxhash.xxh32_intdigest(data)
-
-
 class Signer:
-    """MinHash signatures (uint32 rows) of chunk texts, with shared permutations."""
+    """MinHash signatures (uint32 rows) of chunk texts, with shared permutations.
+
+    datasketch's permutations and hash scheme (affine32: each shingle's 32-bit hash
+    mixed by the MurmurHash3 finalizer, then ``a * h + b`` mod 2**32), applied here to
+    many texts at once: ``MinHash.update_batch`` ran a handful of numpy calls per chunk,
+    which took 45% of signing the standard library. Tests hold the signatures equal to
+    datasketch's."""
+
+    BLOCK = 1 << 14
+    """Shingles permuted in one numpy expression (8 MB of 64-bit work per 128 perms)."""
 
     def __init__(self, cfg: DedupeConfig) -> None:
         self._cfg = cfg
-        template = MinHash(num_perm=cfg.num_perm)
-        self._permutations = template.permutations
-        self._scheme = template.scheme
+        template = MinHash(num_perm=cfg.num_perm, scheme="affine32")
+        self._a, self._b = (np.asarray(p, np.uint32) for p in template.permutations)
+        self._unset = template.hashvalues.astype(np.uint32).tobytes()
+        """The signature of no shingles (fewer words than a shingle)."""
 
-    def __call__(self, text: str) -> bytes | None:
-        """The signature as bytes; ``None`` for texts too short to compare."""
+    def __call__(self, texts: list[str]) -> list[bytes | None]:
+        """Each text's signature as bytes; ``None`` for texts too short to compare."""
+        signatures: list[bytes | None] = [None] * len(texts)
+        rows: list[int] = []
+        hashes: list[int] = []
+        starts: list[int] = []
+        for row, text in enumerate(texts):
+            shingles = self._shingles(text)
+            if shingles is None:
+                continue
+            if not shingles:
+                signatures[row] = self._unset
+                continue
+            if hashes and len(hashes) + len(shingles) > self.BLOCK:
+                self._minima(rows, hashes, starts, signatures)
+                rows, hashes, starts = [], [], []
+            rows.append(row)
+            starts.append(len(hashes))
+            hashes.extend(shingles)
+        if rows:
+            self._minima(rows, hashes, starts, signatures)
+        return signatures
+
+    def _shingles(self, text: str) -> set[int] | None:
+        """The 32-bit hashes of the text's word shingles; ``None`` below ``min_tokens``."""
         words = _WORD.findall(text.lower())
         if len(words) < self._cfg.min_tokens:
             return None
-        size = self._cfg.shingle_size
-        shingles = {" ".join(words[i : i + size]).encode() for i in range(len(words) - size + 1)}
-        minhash = MinHash(num_perm=self._cfg.num_perm, hashfunc=_hash32,
-                          permutations=self._permutations, scheme=self._scheme)
-        minhash.update_batch(list(shingles))
-        return minhash.hashvalues.astype(np.uint32).tobytes()
+        shifted = (words[at:] for at in range(self._cfg.shingle_size))
+        joined = map(" ".join, zip(*shifted, strict=False))  # stops at the last whole one
+        return set(map(xxhash.xxh32_intdigest, map(str.encode, joined)))
+
+    def _minima(self, rows: list[int], hashes: list[int], starts: list[int],
+                signatures: list[bytes | None]) -> None:
+        mixed = _fmix32(np.asarray(hashes, np.uint32))
+        with np.errstate(over="ignore"):
+            permuted = mixed[:, None] * self._a + self._b
+        for row, minima in zip(rows, np.minimum.reduceat(permuted, starts, axis=0),
+                               strict=True):
+            signatures[row] = minima.tobytes()
+
+
+def _fmix32(values: np.ndarray) -> np.ndarray:
+    """MurmurHash3's 32-bit finalizer, elementwise (wrapping uint32 arithmetic)."""
+    with np.errstate(over="ignore"):
+        values = values ^ (values >> np.uint32(16))
+        values = values * np.uint32(0x85EBCA6B)
+        values = values ^ (values >> np.uint32(13))
+        values = values * np.uint32(0xC2B2AE35)
+        return values ^ (values >> np.uint32(16))
 
 
 def band_keys(signatures: np.ndarray, rows_per_band: int = 8) -> np.ndarray:
@@ -108,54 +153,46 @@ def band_keys(signatures: np.ndarray, rows_per_band: int = 8) -> np.ndarray:
 class Buckets:
     """LSH buckets: which exemplars (by position) have each band key.
 
-    A dict of lists held ~150 B per key, 16 keys per exemplar: ~150 MB for the standard
-    library's 60k exemplars, grown through the whole build. Here keys settle into two
-    sorted numpy arrays (12 B per key) and only the latest ones stay in a dict. Lookups
-    for a batch's rows read the sorted arrays in one ``searchsorted``, so merging waits
-    for the end of a batch (``settle``)."""
-
-    RECENT = 1 << 16
-    """Keys kept in the dict before they are merged into the arrays."""
+    Keys live in sorted numpy runs (12 B per key), merged as in a log-structured merge
+    tree: a batch's new exemplars make one run, which takes in the runs before it while
+    they are at most twice its size, so there are O(log n) runs and a key is copied
+    O(log n) times. A dict of lists held ~150 B per key; kept for a batch's keys alone,
+    filling it one key at a time still took a third of dedupe's time."""
 
     def __init__(self) -> None:
-        self._keys = np.zeros(0, np.uint64)
-        self._members = np.zeros(0, np.int64)
-        self._recent: dict[int, list[int]] = {}
-        self._recent_keys = 0
+        self._runs: list[tuple[np.ndarray, np.ndarray]] = []
 
-    def settled(self, keys: np.ndarray) -> list[set[int]]:
-        """For each row of ``keys`` (rows, bands), the exemplars merged into the arrays
-        that share one of its keys."""
-        flat = keys.ravel()
-        left = np.searchsorted(self._keys, flat, "left").reshape(keys.shape)
-        right = np.searchsorted(self._keys, flat, "right").reshape(keys.shape)
+    def members(self, keys: np.ndarray) -> list[set[int]]:
+        """For each row of ``keys`` (rows, bands), the exemplars that share one of its
+        keys."""
         found: list[set[int]] = [set() for _ in range(len(keys))]
-        for row, band in zip(*np.nonzero(right > left), strict=True):
-            found[row].update(self._members[left[row, band]:right[row, band]].tolist())
+        flat = keys.ravel()
+        for run_keys, run_members in self._runs:
+            left = np.searchsorted(run_keys, flat, "left")
+            right = np.searchsorted(run_keys, flat, "right")
+            for at in np.flatnonzero(right > left).tolist():
+                found[at // keys.shape[1]].update(run_members[left[at]:right[at]].tolist())
         return found
 
-    def recent(self, keys: list[int]) -> set[int]:
-        """The exemplars not yet merged that share one of ``keys``."""
-        return {member for key in keys for member in self._recent.get(key, ())}
+    def add(self, keys: np.ndarray, members: np.ndarray) -> None:
+        """Add the keys (rows, bands) of the exemplars ``members`` (one per row)."""
+        run = keys.ravel(), np.repeat(members.astype(np.int32), keys.shape[1])
+        while self._runs and len(self._runs[-1][0]) <= 2 * len(run[0]):
+            before = self._runs.pop()
+            run = np.concatenate([before[0], run[0]]), np.concatenate([before[1], run[1]])
+        order = np.argsort(run[0], kind="stable")
+        self._runs.append((run[0][order], run[1][order]))
 
-    def add(self, keys: list[int], member: int) -> None:
-        for key in keys:
-            self._recent.setdefault(key, []).append(member)
-        self._recent_keys += len(keys)
 
-    def settle(self) -> None:
-        """Merge the recent keys into the arrays once there are ``RECENT`` of them."""
-        if self._recent_keys < self.RECENT:
-            return
-        keys = np.fromiter((key for key, members in self._recent.items() for _ in members),
-                           np.uint64, self._recent_keys)
-        members = np.fromiter((m for ms in self._recent.values() for m in ms), np.int64,
-                              self._recent_keys)
-        keys, members = np.concatenate([self._keys, keys]), np.concatenate([self._members,
-                                                                            members])
-        order = np.argsort(keys, kind="stable")
-        self._keys, self._members = keys[order], members[order]
-        self._recent, self._recent_keys = {}, 0
+def _shared_with_earlier(keys: np.ndarray) -> np.ndarray:
+    """Which rows of ``keys`` (rows, bands) share a key with an earlier row."""
+    rows = np.repeat(np.arange(len(keys)), keys.shape[1])
+    order = np.argsort(keys.ravel(), kind="stable")  # rows ascend within equal keys
+    ordered, owners = keys.ravel()[order], rows[order]
+    later = (ordered[1:] == ordered[:-1]) & (owners[1:] != owners[:-1])
+    shared = np.zeros(len(keys), bool)
+    shared[owners[1:][later]] = True
+    return shared
 
 
 class Deduper:
@@ -174,34 +211,57 @@ class Deduper:
     def classify(self, batch: list[IndexedChunk], stats: DedupeStats) -> None:
         """Set ``signature`` (when missing, and near duplicates are looked for) and
         ``dup_of`` on every row of ``batch``."""
-        for row in batch:
-            if row.signature is None and row.stored is None and self._near:
-                row.signature = self.sign(row.chunk.text)
+        unsigned = [row for row in batch if row.signature is None and row.stored is None] \
+            if self._near else []
+        for row, signature in zip(unsigned, self.sign([row.chunk.text for row in unsigned]),
+                                  strict=True):
+            row.signature = signature
         signed = [i for i, row in enumerate(batch) if row.signature is not None]
+        if not signed:
+            for row in batch:
+                row.dup_of = self._exact_verdict(row, stats)
+            return
         keys = band_keys(np.stack([np.frombuffer(batch[i].signature or b"", np.uint32)
-                                   for i in signed]), self.rows_per_band) if signed else None
-        key_of = dict(zip(signed, keys if keys is not None else [], strict=True))
-        settled = dict(zip(signed, self._buckets.settled(keys) if keys is not None else [],
-                           strict=True))
+                                   for i in signed]), self.rows_per_band)
+        key_row = dict(zip(signed, range(len(signed)), strict=True))
+        earlier = self._buckets.members(keys)
+        shared = _shared_with_earlier(keys)
+        new: list[int] = []  # the key rows of this batch's exemplars, with positions after
         for index, row in enumerate(batch):
-            row.dup_of = self._verdict(row, key_of.get(index), settled.get(index, set()),
-                                       stats)
-        self._buckets.settle()
+            at = key_row.get(index)
+            row.dup_of = self._exact_verdict(row, stats)
+            if row.dup_of is not None or at is None or row.signature is None:
+                continue
+            candidates = earlier[at]
+            if shared[at] and new:
+                kept = np.asarray(new)
+                mine = np.isin(keys[kept], keys[at]).any(axis=1)
+                first = len(self._exemplar_ids) - len(new)
+                candidates = candidates | set((first + np.flatnonzero(mine)).tolist())
+            row.dup_of = self._near_verdict(row.chunk, row.signature, candidates, stats)
+            if row.dup_of is None:
+                new.append(at)
+        if new:
+            first = len(self._exemplar_ids) - len(new)
+            self._buckets.add(keys[new], np.arange(first, first + len(new)))
 
-    def _verdict(self, row: IndexedChunk, keys: np.ndarray | None, settled: set[int],
-                 stats: DedupeStats) -> str | None:
-        """``settled``: the candidates of ``keys`` merged before this batch."""
+    def _exact_verdict(self, row: IndexedChunk, stats: DedupeStats) -> str | None:
+        """The exemplar of the row's content hash; ``None`` for its first chunk."""
         chunk = row.chunk
         exemplar = self._exact.get(chunk.content_hash)
         if exemplar is not None:
             stats.exact += 1
             return exemplar
         self._exact[chunk.content_hash] = chunk.id
-        if keys is None or row.signature is None:
-            return None
-        signature = np.frombuffer(row.signature, np.uint32)
+        return None
+
+    def _near_verdict(self, chunk: Chunk, signed: bytes, candidates: set[int],
+                      stats: DedupeStats) -> str | None:
+        """The most similar of ``candidates`` at the threshold (the earliest on a tie);
+        ``None`` makes the chunk an exemplar."""
+        signature = np.frombuffer(signed, np.uint32)
         best: tuple[float, int] | None = None
-        for candidate in settled | self._buckets.recent(keys.tolist()):
+        for candidate in candidates:
             similarity = float(np.mean(self._exemplar_signatures[candidate] == signature))
             if similarity >= self._cfg.near_threshold and (
                     best is None or (similarity, -candidate) > (best[0], -best[1])):
@@ -211,10 +271,8 @@ class Deduper:
             exemplar = self._exemplar_ids[best[1]]
             self._exact[chunk.content_hash] = exemplar
             return exemplar
-        position = len(self._exemplar_ids)
         self._exemplar_ids.append(chunk.id)
         self._exemplar_signatures.append(signature)
-        self._buckets.add(keys.tolist(), position)
         return None
 
 
@@ -250,9 +308,10 @@ def dedupe_changes(fresh: list[IndexedChunk], order: list[str], cfg: DedupeConfi
     ``Deduper`` over it alone, in path order, gives the verdicts of a full replay.
     Every other stored chunk keeps its verdict, and is never made into an object."""
     deduper = Deduper(cfg)
-    for row in fresh:
-        if row.signature is None:
-            row.signature = deduper.sign(row.chunk.text)
+    unsigned = [row for row in fresh if row.signature is None]
+    for row, signature in zip(unsigned, deduper.sign([row.chunk.text for row in unsigned]),
+                              strict=True):
+        row.signature = signature
     by_id = {row.chunk.id: row for row in fresh}
     is_fresh = np.fromiter((i in by_id for i in order), bool, len(order))
     fresh = [by_id[i] for i in order if i in by_id]

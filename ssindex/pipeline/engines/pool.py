@@ -103,10 +103,10 @@ class Preparer:
         if source is None:
             return Prepared(None, "", [])
         chunks, chunker, cut = self._chunks(source)
-        sign = self._sign
-        rows = [IndexedChunk(c, signature=sign(c.text) if sign else None,
-                             terms=lexical_terms(c),
-                             key=embed_key(c, self._preparation.model_key)) for c in chunks]
+        signatures = self._sign([c.text for c in chunks]) if self._sign else [None] * len(chunks)
+        rows = [IndexedChunk(c, signature=signature, terms=lexical_terms(c),
+                             key=embed_key(c, self._preparation.model_key))
+                for c, signature in zip(chunks, signatures, strict=True)]
         if self._preparation.tokenize and rows:  # measured by the chunker: not tokenized again
             for row, tokens in zip(rows, self._window.tokens(chunks), strict=True):
                 row.tokens = tokens

@@ -65,9 +65,11 @@ def chunk_block(files: pa.Table, chunk_cfg: dict[str, Any], dedupe_cfg: dict[str
         out["file_ordinal"].append(ordinal)
         out["chunker"].append(chunker)
         out["chunk_ids"].append([c.id for c in chunks])
+        signatures = sign([c.text for c in chunks])
         out["chunks"].append([{"ordinal": ordinal << FILE_BITS | position, **asdict(c),
-                               "minhash": sign(c.text), "dup_of": None}
-                              for position, c in enumerate(chunks)])
+                               "minhash": signature, "dup_of": None}
+                              for position, (c, signature) in enumerate(zip(
+                                  chunks, signatures, strict=True))])
     return pa.table(out, schema=pa.schema([
         ("file_ordinal", pa.int64()), ("chunker", pa.string()),
         ("chunk_ids", pa.list_(pa.string())), ("chunks", pa.list_(pa.struct(CHUNK_ROW)))]))
