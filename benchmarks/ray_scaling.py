@@ -32,7 +32,7 @@ from ssindex.index.layout import IndexDir
 from ssindex.index.table import scan
 from ssindex.pipeline.engines.ray_tasks import dedupe_keys
 from ssindex.pipeline.plan import RayOptions
-from ssindex.stages.dedupe import rows_per_band
+from ssindex.stages.signature import rows_per_band
 
 _STAGES = {"chunk_block": "chunk", "dedupe": "dedupe", "EmbedActor": "embed",
            "copy_exemplar": "copy", "write_fragments": "write"}

@@ -24,7 +24,7 @@ from _machine import cpu_label
 
 from ssindex.config import ChunkConfig, DedupeConfig, WalkConfig
 from ssindex.stages.chunk import chunk_file
-from ssindex.stages.dedupe import Signer
+from ssindex.stages.signature import Signer
 from ssindex.stages.walk import WalkStats, walk
 
 
@@ -50,9 +50,9 @@ def main() -> None:
     sign = Signer(DedupeConfig())
     chunks = 0
     for source in files:
-        for chunk in chunk_file(source, ChunkConfig())[0]:
-            sign(chunk.text)
-            chunks += 1
+        texts = [chunk.text for chunk in chunk_file(source, ChunkConfig())[0]]
+        sign(texts)
+        chunks += len(texts)
     chunk_seconds = time.perf_counter() - started
     added = statistics.median(guarded) - statistics.median(plain)
     cpu_side = statistics.median(plain) + chunk_seconds

@@ -13,14 +13,12 @@ from ssindex.stages.chunk import chunk_file, chunk_id, normalized_hash
 from ssindex.stages.dedupe import (
     Buckets,
     DedupeStats,
-    Signer,
-    band_keys,
     bucket_pairs,
     dedupe,
     dedupe_changes,
     resolve_duplicates,
-    rows_per_band,
 )
+from ssindex.stages.signature import Signer, band_keys, rows_per_band
 from ssindex.stages.walk import WalkStats, walk
 
 from .conftest import STDLIB
@@ -84,7 +82,7 @@ def test_threshold_is_respected() -> None:
 def test_band_keys_match_only_equal_bands() -> None:
     import numpy as np
 
-    from ssindex.stages.dedupe import band_keys
+    from ssindex.stages.signature import band_keys
 
     rng = np.random.default_rng(0)
     a = rng.integers(0, 2**32, size=128, dtype=np.uint64).astype(np.uint32)

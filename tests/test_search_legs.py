@@ -171,6 +171,32 @@ def test_incremental_search_files_equal_rebuilt_ones(tmp_path: Path,
     assert hits.results[0]["symbol"].endswith("parse_extra_things")
 
 
+def test_search_files_written_in_blocks_equal_ones_written_whole(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A clean version's search files stream in blocks of rows, their postings chained:
+    the rows, scores and term counts must be those of postings built over every row."""
+    root = copy_stdlib(tmp_path / "tree", "json")
+    monkeypatch.setattr("ssindex.index.search_files.BLOCK_ROWS", 5)  # blocks of every size
+    build(root, no_embed=True)
+    index = IndexDir(root / ".ssindex")
+    head = index.read_head().data
+    files = SearchFiles.read(index, head)
+    table = index.open_table(head["table_version"]).to_lance().to_table(
+        columns=["id", "lex_body", "lex_name"])
+    assert files.rows.column("id").equals(table.column("id")) and table.num_rows > 5 * 8
+    fresh = Lexicon([Segment(Postings.build(table.column("lex_body"), table.column("lex_name")))])
+    chained = files.lexicon()
+    for query, name_weight in itertools.product(
+            (["decode", "json"], ["scanner", "py_scanstring"], ["encoder", "indent"]), (0.25, 2.0)):
+        assert np.allclose(chained.scores(query, name_weight), fresh.scores(query, name_weight),
+                           rtol=1e-5)
+    vocabulary = set(" ".join(table.column("lex_body").to_pylist()
+                              + table.column("lex_name").to_pylist()).split())
+    assert {t: chained.frequency(t) for t in vocabulary} == {t: fresh.frequency(t)
+                                                              for t in vocabulary}
+    assert chained.total == fresh.total
+
+
 def test_sorted_terms_find_and_place_like_a_sorted_list() -> None:
     """Term lookups binary-search Arrow buffers through 8-byte prefixes: they must agree
     with a plain sorted list, for terms sharing long prefixes and non-ASCII ones too."""

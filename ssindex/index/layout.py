@@ -23,6 +23,8 @@ import json
 import os
 import re
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -183,13 +185,20 @@ class IndexDir:
     def write_manifest(self, name: str, table: pa.Table) -> str:
         """Write an Arrow file of ``manifests/`` atomically: a version's build manifest,
         and its search files and postings alike (``prune_manifests`` keeps them)."""
-        import pyarrow.ipc as ipc
-
-        # written straight to the file: the search files of a 62k-chunk index are ~120 MB
-        with storage_faults(f"manifests/{name}", self.path), atomic_file(
-                self.path / "manifests" / name) as f, ipc.new_file(f, table.schema) as writer:
+        with self.manifest_writer(name, table.schema) as writer:
             writer.write_table(table)
         return name
+
+    @contextmanager
+    def manifest_writer(self, name: str, schema: pa.Schema) -> Iterator[Any]:
+        """An Arrow file writer of ``manifests/``: the file appears, whole, when the block
+        ends without an error (written straight to it: a 62k-chunk index's search files
+        are ~120 MB)."""
+        import pyarrow.ipc as ipc
+
+        with storage_faults(f"manifests/{name}", self.path), atomic_file(
+                self.path / "manifests" / name) as f, ipc.new_file(f, schema) as writer:
+            yield writer
 
     def link_manifest(self, name: str, new_name: str) -> str:
         """Another name for manifest ``name`` (a later version's search file that did not

@@ -4,7 +4,7 @@ Chunks arrive in path order, so the first chunk of a duplicate group (the one
 with the smallest path and line) becomes its exemplar; later members record
 ``dup_of`` and reuse the exemplar's vector instead of being embedded.
 
-Near duplicates: MinHash signatures over word 3-shingles (datasketch), then
+Near duplicates: MinHash signatures over word 3-shingles (``stages.signature``), then
 LSH banding, each candidate confirmed by its estimated Jaccard similarity, so
 a banding false positive never marks a chunk as a duplicate.
 
@@ -32,7 +32,6 @@ verdicts exactly.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -40,22 +39,11 @@ from typing import NamedTuple
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import xxhash
-from datasketch import MinHash
 
 from ssindex.config import DedupeConfig
 from ssindex.records import Chunk, IndexedChunk, StoredChunks
+from ssindex.stages.signature import Signer, band_keys, rows_per_band
 from ssindex.util.arrays import binary_matrix
-
-_WORD = re.compile(r"\w+")
-_MIX = np.array([0x9E3779B97F4A7C15 * (i + 1) % 2**64 for i in range(64)], dtype=np.uint64)
-
-
-def rows_per_band(threshold: float, num_perm: int) -> int:
-    """Band height whose LSH S-curve turns at ``threshold - 0.2``: high recall at the
-    threshold, with every candidate verified afterwards."""
-    target = max(threshold - 0.2, 0.05)
-    return min(range(1, 17), key=lambda r: abs((1 / (num_perm // r)) ** (1 / r) - target))
 
 
 @dataclass(slots=True)
@@ -63,91 +51,6 @@ class DedupeStats:
     exact: int = 0
     near: int = 0
 
-
-class Signer:
-    """MinHash signatures (uint32 rows) of chunk texts, with shared permutations.
-
-    datasketch's permutations and hash scheme (affine32: each shingle's 32-bit hash
-    mixed by the MurmurHash3 finalizer, then ``a * h + b`` mod 2**32), applied here to
-    many texts at once: ``MinHash.update_batch`` ran a handful of numpy calls per chunk,
-    which took 45% of signing the standard library. Tests hold the signatures equal to
-    datasketch's."""
-
-    BLOCK = 1 << 14
-    """Shingles permuted in one numpy expression (8 MB of 64-bit work per 128 perms)."""
-
-    def __init__(self, cfg: DedupeConfig) -> None:
-        self._cfg = cfg
-        template = MinHash(num_perm=cfg.num_perm, scheme="affine32")
-        self._a, self._b = (np.asarray(p, np.uint32) for p in template.permutations)
-        self._unset = template.hashvalues.astype(np.uint32).tobytes()
-        """The signature of no shingles (fewer words than a shingle)."""
-
-    def __call__(self, texts: list[str]) -> list[bytes | None]:
-        """Each text's signature as bytes; ``None`` for texts too short to compare."""
-        signatures: list[bytes | None] = [None] * len(texts)
-        rows: list[int] = []
-        hashes: list[int] = []
-        starts: list[int] = []
-        for row, text in enumerate(texts):
-            shingles = self._shingles(text)
-            if shingles is None:
-                continue
-            if not shingles:
-                signatures[row] = self._unset
-                continue
-            if hashes and len(hashes) + len(shingles) > self.BLOCK:
-                self._minima(rows, hashes, starts, signatures)
-                rows, hashes, starts = [], [], []
-            rows.append(row)
-            starts.append(len(hashes))
-            hashes.extend(shingles)
-        if rows:
-            self._minima(rows, hashes, starts, signatures)
-        return signatures
-
-    def _shingles(self, text: str) -> set[int] | None:
-        """The 32-bit hashes of the text's word shingles; ``None`` below ``min_tokens``."""
-        words = _WORD.findall(text.lower())
-        if len(words) < self._cfg.min_tokens:
-            return None
-        shifted = (words[at:] for at in range(self._cfg.shingle_size))
-        joined = map(" ".join, zip(*shifted, strict=False))  # stops at the last whole one
-        return set(map(xxhash.xxh32_intdigest, map(str.encode, joined)))
-
-    def _minima(self, rows: list[int], hashes: list[int], starts: list[int],
-                signatures: list[bytes | None]) -> None:
-        mixed = _fmix32(np.asarray(hashes, np.uint32))
-        with np.errstate(over="ignore"):
-            permuted = mixed[:, None] * self._a + self._b
-        for row, minima in zip(rows, np.minimum.reduceat(permuted, starts, axis=0),
-                               strict=True):
-            signatures[row] = minima.tobytes()
-
-
-def _fmix32(values: np.ndarray) -> np.ndarray:
-    """MurmurHash3's 32-bit finalizer, elementwise (wrapping uint32 arithmetic)."""
-    with np.errstate(over="ignore"):
-        values = values ^ (values >> np.uint32(16))
-        values = values * np.uint32(0x85EBCA6B)
-        values = values ^ (values >> np.uint32(13))
-        values = values * np.uint32(0xC2B2AE35)
-        return values ^ (values >> np.uint32(16))
-
-
-def band_keys(signatures: np.ndarray, rows_per_band: int = 8) -> np.ndarray:
-    """(n, bands) uint64 keys; equal keys mean equal signature bands."""
-    n, perms = signatures.shape
-    bands = perms // rows_per_band
-    rows = signatures[:, : bands * rows_per_band].reshape(n, bands, rows_per_band)
-    keys = np.zeros((n, bands), np.uint64)
-    with np.errstate(over="ignore"):
-        # one row of each band at a time: 5x faster than a (n, bands, rows) product
-        # summed (this runs over every stored chunk of an incremental build)
-        for row in range(rows_per_band):
-            keys += rows[:, :, row].astype(np.uint64) * _MIX[row]
-        keys ^= np.arange(bands, dtype=np.uint64) * np.uint64(0xD6E8FEB86659FD93)
-    return keys
 
 
 class Buckets:

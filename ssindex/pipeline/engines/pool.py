@@ -39,8 +39,8 @@ from ssindex.errors import WorkerLost
 from ssindex.index.cache import VectorCache
 from ssindex.records import Chunk, IndexedChunk, SourceFile
 from ssindex.stages.chunk import CHUNKER_VERSION, chunk_file, replay
-from ssindex.stages.dedupe import Signer
 from ssindex.stages.embed import ModelWindow, embed_key
+from ssindex.stages.signature import Signer
 from ssindex.stages.walk import Candidate, WalkStats, read
 from ssindex.stages.write import lexical_terms
 

@@ -59,11 +59,8 @@ from ssindex.pipeline.engines.ray_tasks import (
 from ssindex.pipeline.plan import BuildPlan, RayOptions
 from ssindex.pipeline.previous import PreviousIndex
 from ssindex.pipeline.progress import Progress
-from ssindex.stages.dedupe import (
-    Candidate,
-    resolve_duplicates,
-    rows_per_band,
-)
+from ssindex.stages.dedupe import Candidate, resolve_duplicates
+from ssindex.stages.signature import rows_per_band
 from ssindex.stages.walk import reread, walk
 
 # -- tasks and actors (run on workers; pure functions of their input block) ------------

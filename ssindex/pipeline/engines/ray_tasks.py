@@ -23,8 +23,9 @@ from ssindex.index.layout import CHUNK_SCHEMA, IndexDir
 from ssindex.index.table import scan
 from ssindex.records import Chunk, IndexedChunk, SourceFile
 from ssindex.stages.chunk import chunk_file
-from ssindex.stages.dedupe import Signer, band_keys, bucket_pairs
+from ssindex.stages.dedupe import bucket_pairs
 from ssindex.stages.embed import EmbedStats, ModelWindow, embed
+from ssindex.stages.signature import Signer, band_keys
 from ssindex.stages.write import to_record_batch
 
 FILE_BITS = 24
