@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 
 from ssindex.config import Quantization
-from ssindex.util.arrays import binary_matrix, numeric_view
+from ssindex.util.arrays import binary_matrix, numeric_view, whole
 
 _LEVELS = {"int8": 127, "int4": 7}
 
@@ -130,7 +130,7 @@ def stored_codes(rows: pa.Table, method: str, dim: int) -> tuple[np.ndarray, np.
         width = code_width(method, dim)  # type: ignore[arg-type]
         codes = pc.fill_null(codes, pa.scalar(bytes(width), pa.binary()))
         scales = pc.fill_null(scales, pa.scalar(0.0, pa.float32()))
-    return binary_matrix(codes.combine_chunks()), numeric_view(scales, np.float32)
+    return binary_matrix(whole(codes)), numeric_view(scales, np.float32)
 
 
 def dense_coverage(codes: pa.Array | pa.ChunkedArray) -> float:

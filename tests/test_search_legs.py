@@ -18,7 +18,7 @@ import pytest
 from ssindex import build
 from ssindex.index.layout import IndexDir
 from ssindex.index.postings import K1, B, Lexicon, Postings, Segment, SortedTerms
-from ssindex.index.search_files import SearchFiles
+from ssindex.index.search_files import SNAPSHOT_COLUMNS, SearchFiles
 from ssindex.index.table import scan
 from ssindex.query import dense
 from ssindex.query import searcher as search
@@ -195,6 +195,24 @@ def test_search_files_written_in_blocks_equal_ones_written_whole(
     assert {t: chained.frequency(t) for t in vocabulary} == {t: fresh.frequency(t)
                                                               for t in vocabulary}
     assert chained.total == fresh.total
+
+
+def test_a_revectored_snapshot_streamed_in_other_blocks_equals_the_table(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The finished version of a lexical one streams the old snapshot's rows with the
+    table's new vectors, in blocks that need not line up: its rows must be the table's."""
+    root = copy_stdlib(tmp_path / "tree", "json")
+    monkeypatch.setattr("ssindex.index.search_files.BLOCK_ROWS", 5)
+    build(root, no_embed=True)
+    monkeypatch.setattr("ssindex.index.search_files.BLOCK_ROWS", 7)  # the table's batches
+    assert build(root)["search_files"] == "revectored"
+    index = IndexDir(root / ".ssindex")
+    head = index.read_head().data
+    rows = SearchFiles.read(index, head).rows
+    table = index.open_table(head["table_version"]).to_lance().to_table(
+        columns=SNAPSHOT_COLUMNS)
+    assert rows.column("vec_codes").null_count == 0 and table.num_rows > 7 * 8
+    assert rows.select(SNAPSHOT_COLUMNS).equals(table)
 
 
 def test_sorted_terms_find_and_place_like_a_sorted_list() -> None:

@@ -84,8 +84,6 @@ class Selection:
         return self.report().as_json()
 
 
-
-
 def machine_key(inventory: Inventory) -> str:
     gpus = ",".join(d["name"] for d in inventory.cuda_devices)
     return f"{inventory.cpu_model}|{inventory.cpu_count}|{gpus}|{inventory.system}"

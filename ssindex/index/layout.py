@@ -83,10 +83,6 @@ MANIFEST_SCHEMA = pa.schema([
 ])
 
 
-
-
-
-
 def row_digest(row: dict[str, Any]) -> str:
     """Hash of every stored field but the digest itself: unchanged rows are not rewritten."""
     digest = xxhash.xxh3_64()
@@ -239,24 +235,31 @@ class IndexDir:
             with ipc.open_file(path) as reader:
                 return reader.read_all()
         except (OSError, pa.ArrowException) as exc:
-            raise IndexCorrupt(f"cannot read {path} ({exc}): the index is damaged; "
-                               "remove it and run `ssindex build`") from exc
+            raise _unreadable(path, exc) from exc
 
+    def manifest_batches(self, name: str) -> tuple[pa.Schema, int, Iterator[pa.RecordBatch]]:
+        """A manifest's schema, row count and record batches, each read into memory as it
+        is reached: the pages of a mapped file stay resident once touched, so a pass over
+        a whole one (``read_manifest(mmap=True)``) holds its size to the end."""
+        import pyarrow.ipc as ipc
 
+        path = str(self.path / "manifests" / name)
+        try:
+            reader = ipc.open_file(path)
+            rows = reader.count_rows()
+        except (OSError, pa.ArrowException) as exc:
+            raise _unreadable(path, exc) from exc
 
+        def batches() -> Iterator[pa.RecordBatch]:
+            with reader:
+                for i in range(reader.num_record_batches):
+                    try:
+                        batch = reader.get_batch(i)
+                    except (OSError, pa.ArrowException) as exc:
+                        raise _unreadable(path, exc) from exc
+                    yield batch
 
-
-
-
-
-
-
-
-
-
-
-
-
+        return reader.schema, rows, batches()
 
 
 def status_data(index_path: Path) -> dict[str, Any]:
@@ -288,3 +291,8 @@ def default_index_path(root: Path) -> Path:
 
 def now_iso() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def _unreadable(path: str, exc: Exception) -> IndexCorrupt:
+    return IndexCorrupt(f"cannot read {path} ({exc}): the index is damaged; "
+                        "remove it and run `ssindex build`")

@@ -28,7 +28,7 @@ from functools import cached_property
 import numpy as np
 import pyarrow as pa
 
-from ssindex.util.arrays import best_first, numeric_view
+from ssindex.util.arrays import best_first, numeric_view, whole
 
 K1, B = 1.2, 0.75
 NAME_WEIGHT_NATURAL = 0.25
@@ -140,9 +140,8 @@ class Postings:
     @classmethod
     def from_table(cls, table: pa.Table, lengths: np.ndarray) -> Postings:
         """The postings ``to_table`` wrote, of docs with ``lengths`` (2, docs)."""
-        docs, tf, in_name = (table.column(name).combine_chunks()
-                             for name in ("docs", "tf", "in_name"))
-        return cls(table.column("term").combine_chunks(),
+        docs, tf, in_name = (whole(table.column(name)) for name in ("docs", "tf", "in_name"))
+        return cls(whole(table.column("term")),
                    numeric_view(docs.offsets, np.int64), numeric_view(docs.values, np.int32),
                    numeric_view(tf.values, np.int32),
                    numeric_view(in_name.values, np.uint8).view(bool), lengths,
@@ -265,16 +264,13 @@ def _tokens(column: pa.ChunkedArray | pa.Array,
     (word, doc), and each doc's length in terms."""
     import pyarrow.compute as pc
 
-    if isinstance(column, pa.ChunkedArray):
-        column = column.combine_chunks()
+    column = whole(column)
     size = len(column)
     tokens = pc.split_pattern(pc.fill_null(column, ""), " ")
     words, parents = pc.list_flatten(tokens), pc.list_parent_indices(tokens)
     present = pc.not_equal(words, "")
     words, parents = words.filter(present), parents.filter(present)
-    encoded = pc.dictionary_encode(words)
-    if isinstance(encoded, pa.ChunkedArray):
-        encoded = encoded.combine_chunks()
+    encoded = whole(pc.dictionary_encode(words))
     word = encoded.indices.to_numpy().astype(np.int64)
     doc = parents.to_numpy().astype(np.int64)
     lengths = np.bincount(doc, minlength=size)

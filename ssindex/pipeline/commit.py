@@ -33,6 +33,7 @@ from ssindex.pipeline.engines.common import RunStats
 from ssindex.pipeline.fingerprint import settings_fingerprint
 from ssindex.pipeline.plan import STAGES, BuildPlan
 from ssindex.pipeline.previous import PreviousIndex
+from ssindex.util import heap
 
 HEAD_FILES = ("manifest", *SEARCH_FILE_KEYS)
 """Keys of ``HEAD.json`` that name per-version manifests."""
@@ -64,7 +65,10 @@ def commit(index: IndexDir, plan: BuildPlan, outcome: Outcome, writer: TableWrit
            committed: Callable[[], None] | None = None) -> dict[str, Any]:
     """Write the version's manifest and search files, then move ``HEAD.json`` to it
     (and call ``committed``); returns the build stats. Old versions and files no reader
-    can hold are dropped."""
+    can hold are dropped. The heap is trimmed before and after (``util.heap``), so what
+    the pass freed is not resident under the commit's peak, nor the commit's under the
+    next pass's."""
+    heap.trim()
     stats, version, cfg = outcome.stats, outcome.version, plan.config
     manifest = index.write_manifest(
         f"v{version}.arrow", pa.Table.from_pylist(stats.manifest, schema=MANIFEST_SCHEMA))
@@ -111,14 +115,20 @@ def commit(index: IndexDir, plan: BuildPlan, outcome: Outcome, writer: TableWrit
     })
     if committed is not None:
         committed()
+    _drop_old(index, writer, {"manifest": manifest, **files}, kept, version)
+    heap.trim()
+    return result
+
+
+def _drop_old(index: IndexDir, writer: TableWriter, head: dict[str, str],
+              kept: dict[str, Any], version: int) -> None:
+    """Drop table versions and manifests that neither ``head`` (the new one) nor readers
+    still pinned to ``kept`` (the previous one; but for a purge) can hold."""
     writer.cleanup()
-    # readers may still be pinned to the previous head: its files stay too, but for a purge
-    heads = [{"manifest": manifest, **files}] + ([] if writer.purge else [kept])
-    index.prune_manifests(keep={head[key] for head in heads for key in HEAD_FILES
-                                if key in head},
+    heads = [head] + ([] if writer.purge else [kept])
+    index.prune_manifests(keep={h[key] for h in heads for key in HEAD_FILES if key in h},
                           oldest=min(version, int(kept.get("table_version", version))),
                           min_age_s=0 if writer.purge else 3600)
-    return result
 
 
 def search_files_of(index: IndexDir, version: int, encoder: LazyEncoder, model_key: str,

@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 
 from ssindex.query.conventions import DEFINITION_KINDS
-from ssindex.util.arrays import distinct, flags, numeric_view
+from ssindex.util.arrays import distinct, flags, numeric_view, whole
 
 
 class Definitions:
@@ -25,7 +25,7 @@ class Definitions:
     def __init__(self, symbols: pa.ChunkedArray, kinds: pa.ChunkedArray) -> None:
         import pyarrow.compute as pc  # here: only queries that name a symbol need it
 
-        symbols = symbols.combine_chunks()
+        symbols = whole(symbols)
         kind_names, kind_codes = distinct(kinds)
         defining = np.array([kind in DEFINITION_KINDS for kind in kind_names.to_pylist()],
                             bool)[kind_codes]

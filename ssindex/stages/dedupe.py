@@ -43,7 +43,7 @@ import pyarrow.compute as pc
 from ssindex.config import DedupeConfig
 from ssindex.records import Chunk, IndexedChunk, StoredChunks
 from ssindex.stages.signature import Signer, band_keys, rows_per_band
-from ssindex.util.arrays import binary_matrix
+from ssindex.util.arrays import binary_matrix, whole
 
 
 @dataclass(slots=True)
@@ -255,10 +255,7 @@ def _link_keys(hashes: pa.Array | pa.ChunkedArray, signatures: pa.Array | pa.Chu
     """What links chunks for dedupe, as (owner, key) pairs: first each chunk's position
     with a key for its content hash, then one pair per LSH band of each signature.
     Read from Arrow buffers: this runs over every stored chunk of an incremental build."""
-    if isinstance(hashes, pa.ChunkedArray):
-        hashes = hashes.combine_chunks()
-    if isinstance(signatures, pa.ChunkedArray):
-        signatures = signatures.combine_chunks()
+    hashes, signatures = whole(hashes), whole(signatures)
     count = len(hashes)
     if not count:
         return np.zeros(0, np.int64), np.zeros(0, np.uint64)

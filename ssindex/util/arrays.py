@@ -8,6 +8,15 @@ import pyarrow as pa
 from ssindex.errors import IndexCorrupt
 
 
+def whole(array: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """A column as one array: its only chunk as it is (``combine_chunks`` copies even
+    that one, and so reads every page of a mapped file: the standard library's postings,
+    ~80 MB, as a search process opened them)."""
+    if isinstance(array, pa.Array):
+        return array
+    return array.chunk(0) if array.num_chunks == 1 else array.combine_chunks()
+
+
 def binary_matrix(column: pa.Array) -> np.ndarray:
     """Equal-length binary values as one (rows, width) uint8 matrix, without copies per row."""
     if len(column) == 0:
@@ -37,8 +46,7 @@ def numeric_view(array: pa.Array | pa.ChunkedArray, dtype: type[np.generic]) -> 
 
     Not ``to_numpy``: pyarrow's conversions import pandas where it is installed,
     ~0.5 s of a cold search that never needs it."""
-    if isinstance(array, pa.ChunkedArray):
-        array = array.combine_chunks()
+    array = whole(array)
     if len(array) == 0:
         return np.zeros(0, dtype)
     if array.null_count:
@@ -48,8 +56,7 @@ def numeric_view(array: pa.Array | pa.ChunkedArray, dtype: type[np.generic]) -> 
 
 def flags(array: pa.Array | pa.ChunkedArray) -> np.ndarray:
     """A boolean Arrow array (bit-packed) as a numpy bool array; nulls read as False."""
-    if isinstance(array, pa.ChunkedArray):
-        array = array.combine_chunks()
+    array = whole(array)
     if len(array) == 0:
         return np.zeros(0, bool)
     validity, values = array.buffers()[:2]
@@ -67,9 +74,7 @@ def distinct(column: pa.Array | pa.ChunkedArray) -> tuple[pa.Array, np.ndarray]:
     into them: a dictionary encoding."""
     import pyarrow.compute as pc  # here, not above: a search without filters never needs it
 
-    encoded = pc.dictionary_encode(column, null_encoding="encode")
-    if isinstance(encoded, pa.ChunkedArray):
-        encoded = encoded.combine_chunks()
+    encoded = whole(pc.dictionary_encode(column, null_encoding="encode"))
     return encoded.dictionary, numeric_view(encoded.indices, np.int32)
 
 

@@ -66,35 +66,6 @@ from ssindex.stages.walk import reread, walk
 # -- tasks and actors (run on workers; pure functions of their input block) ------------
 
 
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 # -- the driver ----------------------------------------------------------------------------
 
 @contextlib.contextmanager

@@ -27,6 +27,7 @@ from ssindex.stages.dedupe import bucket_pairs
 from ssindex.stages.embed import EmbedStats, ModelWindow, embed
 from ssindex.stages.signature import Signer, band_keys
 from ssindex.stages.write import to_record_batch
+from ssindex.util.arrays import whole
 
 FILE_BITS = 24
 """A chunk's ordinal is ``file ordinal << 24 | position in file``: path order as one int."""
@@ -92,7 +93,7 @@ def _signer(cfg: DedupeConfig) -> Signer:
 
 
 def explode_chunks(files: pa.Table) -> pa.Table:
-    flat = pc.list_flatten(files.column("chunks")).combine_chunks()
+    flat = whole(pc.list_flatten(files.column("chunks")))
     if len(flat) == 0:
         return CHUNK_ROW.empty_table()
     return pa.Table.from_batches([pa.RecordBatch.from_struct_array(flat)])
