@@ -204,9 +204,9 @@ def revectored_search_files(index: IndexDir, version: int, previous: Mapping[str
     if not _same_files(index.read_manifest(f"v{version}.arrow"),
                        index.read_manifest(previous["manifest"])):
         return None
-    schema, rows, before = index.manifest_batches(snapshot)
+    schema, count, before = index.manifest_batches(snapshot)
     dataset = index.open_table(version).to_lance()
-    if dataset.count_rows() != rows:
+    if dataset.count_rows() != count:
         return None
     vectors = _Rows(dataset.to_batches(columns=["id", *_VECTORS], batch_size=BLOCK_ROWS))
     name = f"search-v{version}.arrow"
@@ -222,12 +222,12 @@ def revectored_search_files(index: IndexDir, version: int, previous: Mapping[str
                 writer.write_batch(block)
     except _RowsDiffer:
         return None
-    rows_now = index.read_manifest(name, mmap=True)
+    rows = index.read_manifest(name, mmap=True)
     postings = Postings.from_table(index.read_manifest(previous["postings"], mmap=True),
-                                   _lengths(rows_now))
+                                   _lengths(rows))
     names = {"postings": index.link_manifest(previous["postings"], f"postings-v{version}.arrow"),
              "snapshot": name}
-    return names, rows_now, _lexicon(postings, None, None)
+    return names, rows, _lexicon(postings, None, None)
 
 
 class _RowsDiffer(Exception):

@@ -63,9 +63,6 @@ from ssindex.stages.dedupe import Candidate, resolve_duplicates
 from ssindex.stages.signature import rows_per_band
 from ssindex.stages.walk import reread, walk
 
-# -- tasks and actors (run on workers; pure functions of their input block) ------------
-
-
 # -- the driver ----------------------------------------------------------------------------
 
 @contextlib.contextmanager
