@@ -17,6 +17,7 @@ import pytest
 
 from ssindex.index.layout import IndexDir
 from ssindex.index.table import scan
+from ssindex.pipeline.staging import Staging
 
 from .conftest import CLI, STDLIB, cli_json, run_cli
 
@@ -213,6 +214,26 @@ def test_ctrl_c_stops_a_clean_build_cleanly(tmp_path: Path) -> None:
     assert resumed["chunks_reused"] > 0
     assert resumed["chunks_reused"] + resumed["chunks_embedded"] + resumed[
         "chunks_deduplicated"] == resumed["chunks_total"]
+
+
+def test_checkpoints_group_quick_batches_and_lose_none(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Batches embedded in quick succession wait to share one checkpoint file (the
+    first is written at once); a flush writes the rest, and a resuming build reads
+    every vector back exactly."""
+    monkeypatch.setattr("ssindex.pipeline.staging.CHECKPOINT_SECONDS", 3600.0)
+    vectors = np.random.default_rng(0).standard_normal((9, 4)).astype(np.float32)
+    keys = [f"key-{i}" for i in range(9)]
+    staging = Staging(tmp_path, "model")
+    for start in (0, 3, 6):
+        staging.checkpoint(keys[start : start + 3], vectors[start : start + 3])
+    assert len(list(staging.path.glob("*.arrow"))) == 1
+    staging.flush()
+    assert len(list(staging.path.glob("*.arrow"))) == 2
+    resumed = Staging(tmp_path, "model")
+    assert resumed.load() == 9
+    found = resumed.lookup(keys)
+    assert np.array_equal(np.stack([found[key] for key in keys]), vectors)
 
 
 READER = """

@@ -216,16 +216,20 @@ def test_a_revectored_snapshot_streamed_in_other_blocks_equals_the_table(
 
 
 def test_sorted_terms_find_and_place_like_a_sorted_list() -> None:
-    """Term lookups binary-search Arrow buffers through 8-byte prefixes: they must agree
-    with a plain sorted list, for terms sharing long prefixes and non-ASCII ones too."""
+    """Term lookups binary-search Arrow buffers through 8-byte prefixes, one at a time or
+    many at once: they must agree with a plain sorted list, for terms sharing long
+    prefixes and non-ASCII ones too."""
     words = sorted({"a", "ab", "abcdefgh", "abcdefghi", "abcdefghij", "abcdefgh\0", "zz", "é",
                     "ée", "parse_json_document", "parse_json_documents", "x" * 40, "b"},
                    key=str.encode)
     terms = SortedTerms(pa.array(words, pa.string()).slice(0))
     keys = [w.encode() for w in words]
-    for probe in [*words, "", "aa", "abcdefgh0", "abcdefghia", "parse_json", "ë", "zzz", "0"]:
+    probes = [*words, "", "aa", "abcdefgh0", "abcdefghia", "parse_json", "ë", "zzz", "0"]
+    for probe in probes:
         assert terms.insertion(probe) == bisect.bisect_left(keys, probe.encode()), probe
         assert (probe in terms) == (probe in words), probe
+    assert terms.insertions(pa.array(probes, pa.string()).slice(1)).tolist() == [
+        bisect.bisect_left(keys, probe.encode()) for probe in probes[1:]]
     assert [terms[w] for w in words] == list(range(len(words)))
     assert list(terms) == words and len(terms) == len(words)
     assert "" not in SortedTerms(pa.array([], pa.string())) and "a" in SortedTerms(

@@ -90,7 +90,7 @@ class Postings:
         present = np.asarray(pc.is_in(other.terms, value_set=self.terms), bool)
         unseen = other.terms.filter(pa.array(~present))
         # term i of ours moves up by the unseen terms sorting before it
-        slots = np.array([self.vocabulary.insertion(w) for w in unseen.to_pylist()], np.int64)
+        slots = self.vocabulary.insertions(unseen)
         moved = np.arange(len(self.terms)) + np.searchsorted(slots, np.arange(len(self.terms)),
                                                              side="right")
         placed = slots + np.arange(len(unseen))
@@ -319,6 +319,18 @@ class SortedTerms(Mapping[str, int]):
         head[inside] = np.frombuffer(self._data, np.uint8)[
             (self._offsets[:-1, None] + width)[inside]]
         return (head << (8 * (7 - width)).astype(np.uint64)).sum(axis=1, dtype=np.uint64)
+
+    def insertions(self, terms: pa.Array) -> np.ndarray:
+        """``insertion`` of each of ``terms`` at once: their prefixes are searched in one
+        numpy call, and only terms sharing a prefix with one of ours are bisected. Term
+        by term, a merge of two blocks' postings spent ~60% of its time here."""
+        asked = SortedTerms(terms)
+        low = np.searchsorted(self.prefixes, asked.prefixes, "left")
+        high = np.searchsorted(self.prefixes, asked.prefixes, "right")
+        for at in np.flatnonzero(high > low).tolist():
+            low[at] = bisect.bisect_left(range(self._size), asked._key(at), int(low[at]),
+                                         int(high[at]), key=self._key)
+        return low.astype(np.int64)
 
     def _key(self, i: int) -> bytes:
         return bytes(self._data[self._offsets[i] : self._offsets[i + 1]])

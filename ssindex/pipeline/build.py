@@ -227,8 +227,12 @@ def _commit_once(job: _Job, previous: PreviousIndex | None, no_embed: bool, star
     plan, encoder, staging = _plan(job, previous, diffed, no_embed, publisher, every_core, near)
     writer = TableWriter(job.index, previous.head if previous and diffed else None,
                          purge=previous is not None and _secrets_tightened(previous, job.cfg))
-    outcome = _execute(plan, encoder, writer, previous, job.explicit, job.model, job.progress,
-                       job.ray)
+    try:
+        outcome = _execute(plan, encoder, writer, previous, job.explicit, job.model,
+                           job.progress, job.ray)
+    except KeyboardInterrupt:
+        staging.flush()  # Ctrl-C keeps every vector embedded so far for the next build
+        raise
     result = commit(job.index, plan, outcome, writer, previous, job.model, started,
                     job.committed)
     staging.clear()

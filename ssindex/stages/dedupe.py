@@ -72,9 +72,11 @@ class Buckets:
         flat = keys.ravel()
         for run_keys, run_members in self._runs:
             left = np.searchsorted(run_keys, flat, "left")
-            right = np.searchsorted(run_keys, flat, "right")
-            for at in np.flatnonzero(right > left).tolist():
-                found[at // keys.shape[1]].update(run_members[left[at]:right[at]].tolist())
+            # most keys are in no run: only those that are are searched for twice
+            hits = np.flatnonzero(run_keys[np.minimum(left, len(run_keys) - 1)] == flat)
+            right = np.searchsorted(run_keys, flat[hits], "right")
+            for at, end in zip(hits.tolist(), right.tolist(), strict=True):
+                found[at // keys.shape[1]].update(run_members[left[at]:end].tolist())
         return found
 
     def add(self, keys: np.ndarray, members: np.ndarray) -> None:
