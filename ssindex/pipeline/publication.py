@@ -17,8 +17,9 @@ A reader of a version with rows still to embed memory-maps all its files as it
 opens (``Searcher``), so removing them cannot take them from a reader that
 holds them, and one that read ``HEAD.json`` just before it moved opens the new
 head instead. So partial snapshots before the last two are removed as the build
-goes, and the finished build removes the rest with the lexical version's files
-and table version: many versions do not grow the index.
+goes (the snapshot they are made from, read anew for each, stays), and the
+finished build removes the rest with the lexical version's files and table
+version: many versions do not grow the index.
 """
 
 from __future__ import annotations
@@ -51,25 +52,28 @@ class Publisher:
         head = previous.head.data
         self.index, self.head = index, dict(head)
         self.every_seconds, self.every_chunks = every_seconds, every_chunks
-        self.rows = index.read_manifest(head["snapshot"], mmap=True)
+        self._source = head["snapshot"]
+        """The snapshot whose rows each partial version shows with the vectors so far."""
+        rows = index.read_manifest(self._source, mmap=True)  # unmapped when done here
         ids = previous.chunks.column("id").to_pylist()
         key_of = dict(zip(ids, previous.chunks.column("embed_key").to_pylist(), strict=True))
         exemplar = dict(zip(ids, previous.chunks.column("dup_of").to_pylist(), strict=True))
         # the key whose vector each snapshot row shows: its own, or its exemplar's; codes
         # are kept once a key, in arrays (a dict of bytes took ~600 B a row)
         keys = np.array([key_of[exemplar[row_id] or row_id].encode()
-                         for row_id in self.rows.column("id").to_pylist()])
+                         for row_id in rows.column("id").to_pylist()])
         self._keys, self._slot = np.unique(keys, return_inverse=True)
         method, dim = head["quantization"], previous.head.dim
         self._codes = np.zeros((len(self._keys), code_width(method, dim)), np.uint8)
         self._scales = np.zeros(len(self._keys), np.float32)
         self._have = np.zeros(len(self._keys), bool)
-        present = embedded_mask(self.rows)
+        present = embedded_mask(rows)
         held = np.arange(len(keys)) if present is None else np.flatnonzero(present)
         if len(held):  # vectors the snapshot holds: a killed build's partial version
-            codes, scales = stored_codes(self.rows, method, dim)
+            codes, scales = stored_codes(rows, method, dim)
             self._store(self._slot[held], codes[held], scales[held])
-        self.published: list[str] = [head["snapshot"]]
+        self.published: list[str] = []
+        """This build's partial snapshots still on disk (the source stays to the end)."""
         self._pending = 0
         self._last = time.monotonic()
         earlier = index.path.glob(f"manifests/search-v{head['table_version']}-p*.arrow")
@@ -101,18 +105,20 @@ class Publisher:
         self._codes[slots], self._scales[slots], self._have[slots] = codes, scales, True
 
     def publish(self) -> None:
-        """Commit a partial version with every vector received so far."""
-        present = self._have[self._slot]
-        codes = binary_rows(self._codes[self._slot[present]], present)
-        scales = pa.array(self._scales[self._slot], pa.float32(), mask=~present)
-        rows = self.rows.set_column(self.rows.schema.get_field_index("vec_codes"),
-                                    "vec_codes", codes)
-        rows = rows.set_column(rows.schema.get_field_index("vec_scale"), "vec_scale", scales)
+        """Commit a partial version with every vector received so far. The source
+        snapshot is read a record batch at a time: a pass over the whole mapped file
+        kept its pages (~45 MB of the standard library's) resident to the build's end."""
         self.commits += 1
         self._number += 1
         name = f"search-v{self.head['table_version']}-p{self._number:04d}.arrow"
-        self.index.write_manifest(name, rows)
-        coverage = dense_coverage(codes)
+        schema, _, blocks = self.index.manifest_batches(self._source)
+        start = 0
+        with self.index.manifest_writer(name, schema) as writer:
+            for block in blocks:
+                writer.write_batch(self._shown(block, start))
+                start += block.num_rows
+        present = self._have[self._slot]
+        coverage = dense_coverage(pa.array(present, mask=~present))
         recorded = {path: digest for path, digest in self.head["checksums"].items()
                     if path != f"manifests/{self.head['snapshot']}"}
         self.head.update(snapshot=name, dense_coverage=coverage,
@@ -124,11 +130,23 @@ class Publisher:
         self.published = self.published[-2:]
         self._pending, self._last = 0, time.monotonic()
 
+    def _shown(self, block: pa.RecordBatch, start: int) -> pa.RecordBatch:
+        """``block``, the source snapshot's rows from ``start`` on, with their vectors so
+        far (null where none came yet)."""
+        slot = self._slot[start : start + block.num_rows]
+        present = self._have[slot]
+        vectors = {"vec_codes": binary_rows(self._codes[slot[present]], present),
+                   "vec_scale": pa.array(self._scales[slot], pa.float32(), mask=~present)}
+        for column, values in vectors.items():
+            at = block.schema.get_field_index(column)
+            block = block.set_column(at, block.schema.field(at), values)
+        return block
+
     def finish(self) -> None:
         """After the finished version's commit: remove the lexical and partial versions."""
         lexical = self.head["table_version"]
-        for name in (*self.published, f"v{lexical}.arrow", f"postings-v{lexical}.arrow",
-                     f"search-v{lexical}.arrow"):
+        for name in (*self.published, self._source, f"v{lexical}.arrow",
+                     f"postings-v{lexical}.arrow", f"search-v{lexical}.arrow"):
             (self.index.path / "manifests" / name).unlink(missing_ok=True)
         # readers never open the table (their search files are beside it), and this build
         # holds the lock: no other writer's files are in flight
