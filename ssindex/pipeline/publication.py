@@ -106,8 +106,9 @@ class Publisher:
 
     def publish(self) -> None:
         """Commit a partial version with every vector received so far. The source
-        snapshot is read a record batch at a time: a pass over the whole mapped file
-        kept its pages (~45 MB of the standard library's) resident to the build's end."""
+        snapshot is read and written a record batch at a time: a pass over the whole
+        mapped file kept its pages (~45 MB of the standard library's) resident to the
+        build's end, beside every row's codes built at once."""
         self.commits += 1
         self._number += 1
         name = f"search-v{self.head['table_version']}-p{self._number:04d}.arrow"
