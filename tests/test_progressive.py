@@ -12,10 +12,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
+from ssindex import build
+from ssindex.config import BuildConfig, CommitConfig
 from ssindex.index.layout import IndexDir
 from ssindex.index.table import scan
+from ssindex.pipeline.publication import Publisher
 from ssindex.query.searcher import Searcher
 
 from .conftest import CLI, cli_json, copy_stdlib, run_cli
@@ -47,6 +52,40 @@ def assert_same_index(built: Path, reference: Path) -> None:
     assert heads[0]["near_duplicates"] is heads[1]["near_duplicates"] is True
     for key in ("snapshot", "postings"):
         assert a.read_manifest(heads[0][key]).equals(b.read_manifest(heads[1][key]))
+
+
+def test_partial_versions_are_the_lexical_rows_with_the_vectors_so_far(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A partial snapshot streams the lexical one a record batch at a time: it must hold
+    the lexical rows in order, each vector received so far as the finished version
+    stores it (a duplicate's is its exemplar's) and nulls elsewhere. The lexical
+    snapshot is read anew for each, so it must outlive any number of partial versions."""
+    monkeypatch.setattr("ssindex.index.search_files.BLOCK_ROWS", 64)  # several batches
+    published: list[tuple[pa.Table, pa.Table]] = []
+    publish = Publisher.publish
+
+    def kept(self: Publisher) -> None:
+        publish(self)
+        lexical = f"search-v{self.head['table_version']}.arrow"
+        published.append((self.index.read_manifest(self.head["snapshot"]),
+                          self.index.read_manifest(lexical)))
+
+    monkeypatch.setattr(Publisher, "publish", kept)
+    root = copy_stdlib(tmp_path, "json", "email")
+    commit = CommitConfig(every_chunks=150, every_seconds=1000, min_files=0)
+    assert build(root, config=BuildConfig(commit=commit))["partial_commits"] >= 3
+    index = IndexDir(root / ".ssindex")
+    finished = index.read_manifest(index.read_head().data["snapshot"])
+    vectors = ["vec_codes", "vec_scale"]
+    shown = [0]
+    for partial, lexical in published:
+        rest = [name for name in partial.column_names if name not in vectors]
+        assert partial.select(rest).equals(lexical.select(rest))
+        present = partial.column("vec_codes").is_valid()
+        assert partial.filter(present).select(vectors).equals(
+            finished.filter(present).select(vectors))
+        shown.append(int(pc.sum(present).as_py() or 0))
+    assert shown == sorted(shown) and shown[1] > 0
 
 
 @pytest.fixture(scope="module")
