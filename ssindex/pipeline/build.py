@@ -16,7 +16,7 @@ import numpy as np
 from ssindex.backends.inventory import detect
 from ssindex.backends.model import ModelSpec
 from ssindex.config import BuildConfig
-from ssindex.errors import ConfigError, IndexCorrupt
+from ssindex.errors import ConfigError, IndexCorrupt, IndexNotWritable
 from ssindex.index.activity import Activity
 from ssindex.index.cache import VectorCache, enabled_by_environment
 from ssindex.index.layout import (
@@ -231,7 +231,10 @@ def _commit_once(job: _Job, previous: PreviousIndex | None, no_embed: bool, star
         outcome = _execute(plan, encoder, writer, previous, job.explicit, job.model,
                            job.progress, job.ray)
     except KeyboardInterrupt:
-        staging.flush()  # Ctrl-C keeps every vector embedded so far for the next build
+        # Ctrl-C keeps every vector embedded so far for the next build, where the disk
+        # lets it: a disk too full for them must not turn the interrupt into its error
+        with contextlib.suppress(IndexNotWritable, OSError):
+            staging.flush()
         raise
     result = commit(job.index, plan, outcome, writer, previous, job.model, started,
                     job.committed)
