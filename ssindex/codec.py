@@ -134,9 +134,14 @@ def stored_codes(rows: pa.Table, method: str, dim: int) -> tuple[np.ndarray, np.
 
 
 def dense_coverage(codes: pa.Array | pa.ChunkedArray) -> float:
-    """Share of the rows whose ``vec_codes`` hold a vector (1.0 for no rows): one division,
-    so it equals ``embedded / rows`` to the last bit (``1 - nulls / rows`` may not)."""
-    return (len(codes) - codes.null_count) / len(codes) if len(codes) else 1.0
+    """Share of the rows whose ``vec_codes`` hold a vector (1.0 for no rows)."""
+    return embedded_share(len(codes) - codes.null_count, len(codes))
+
+
+def embedded_share(embedded: int, rows: int) -> float:
+    """``embedded`` of ``rows`` as a coverage (1.0 for no rows): one division, so it equals
+    ``embedded / rows`` to the last bit (``1 - nulls / rows`` may not)."""
+    return embedded / rows if rows else 1.0
 
 
 def embedded_mask(rows: pa.Table) -> np.ndarray | None:

@@ -32,8 +32,8 @@ import pyarrow as pa
 
 from ssindex.codec import (
     code_width,
-    dense_coverage,
     embedded_mask,
+    embedded_share,
     quantize_matrix,
     stored_codes,
 )
@@ -118,8 +118,7 @@ class Publisher:
             for block in blocks:
                 writer.write_batch(self._shown(block, start))
                 start += block.num_rows
-        present = self._have[self._slot]
-        coverage = dense_coverage(pa.array(present, mask=~present))
+        coverage = embedded_share(int(self._have[self._slot].sum()), len(self._slot))
         recorded = {path: digest for path, digest in self.head["checksums"].items()
                     if path != f"manifests/{self.head['snapshot']}"}
         self.head.update(snapshot=name, dense_coverage=coverage,
