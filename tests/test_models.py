@@ -24,8 +24,8 @@ from ssindex.errors import ConfigError
 from ssindex.pipeline.build import build
 from ssindex.query.searcher import Searcher
 from ssindex.records import SourceFile, Tokens
-from ssindex.stages.chunk import chunk_file
-from ssindex.stages.embed import ModelWindow
+from ssindex.stages.chunk import chunk_file, text_rows
+from ssindex.stages.embed import ModelWindow, embedding_text
 from tests.conftest import STDLIB, run_cli
 from tests.tiny_models import ARCHITECTURES, make_model
 
@@ -293,18 +293,33 @@ def test_token_counts_are_the_tokenizers_own() -> None:
 
 def test_chunks_are_cut_into_the_tokenizers_own_tokens(tmp_path: Path) -> None:
     """The embed stage's tokens (joined from remembered lines' ids where a chunk fits the
-    window) are the tokenizer's, special tokens and windows included."""
+    window, or sliced from its file's rows') are the tokenizer's, special tokens and
+    windows included; so are the counts that decide what fits, with a prompt too."""
     window = ModelWindow(ModelSpec.resolve(None))
+    # a prompt without a trailing space runs into the text's first word
+    prompted = ModelWindow(ModelSpec.resolve(make_model(
+        tmp_path / "m", prompts={"document": "passage"}, max_seq_length=None)))
     texts = [path.read_text() for path in sorted((STDLIB / "email").glob("*.py"))]
-    texts += ["\n".join(HOSTILE), *HOSTILE, *_fuzz(300)]
-    chunks = [c for i, text in enumerate(texts) for c in chunk_file(
-        SourceFile(f"f{i}.py", "python", text, len(text), 0, str(i)), ChunkConfig())[0]]
+    texts += ["\n".join(HOSTILE), *HOSTILE, *_fuzz(300), "[SEP]\n" + texts[0]]
+    files = [(text_rows(text), chunk_file(SourceFile(f"f{i}.py", "python", text, len(text), 0,
+                                                     str(i)), ChunkConfig())[0])
+             for i, text in enumerate(texts)]
+    chunks = [c for _, cut in files for c in cut]
     assert any(t.truncated for t in window.measure(chunks))  # not fitted: some are long
-    for cut, own in zip(window.tokens(chunks), window.measure(chunks), strict=True):
-        assert cut is not None
-        assert cut.ids.dtype == own.ids.dtype and np.array_equal(cut.ids, own.ids)
-        assert cut.truncated == own.truncated
-        assert [r.tolist() for r in cut.rest] == [r.tolist() for r in own.rest]
+    assert any(embedding_text(c) != c.text for c in chunks)  # some under a header
+    from_rows = [t for rows, cut in files for t in window.tokens(cut, rows)]
+    for whole, by_rows, own in zip(window.tokens(chunks), from_rows, window.measure(chunks),
+                                   strict=True):
+        for cut in (whole, by_rows):
+            assert cut is not None
+            assert cut.ids.dtype == own.ids.dtype and np.array_equal(cut.ids, own.ids)
+            assert cut.truncated == own.truncated
+            assert [r.tolist() for r in cut.rest] == [r.tolist() for r in own.rest]
+    for measuring in (window, prompted):
+        fits = [not t.truncated for t in measuring.measure(chunks)]
+        assert 0 < sum(fits) < len(fits)
+        assert measuring.fits(chunks) == fits
+        assert [fit for rows, cut in files for fit in measuring.fits(cut, rows)] == fits
 
 
 def test_a_text_longer_than_the_window_is_read_window_by_window(tmp_path: Path) -> None:

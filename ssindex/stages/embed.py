@@ -28,7 +28,7 @@ import numpy as np
 import xxhash
 
 from ssindex.backends.base import tokenized
-from ssindex.backends.counter import TokenCounter
+from ssindex.backends.counter import RowIds, TokenCounter
 from ssindex.backends.model import ModelSpec
 from ssindex.codec import dequantize_matrix, quantize_matrix
 from ssindex.config import Quantization
@@ -96,9 +96,15 @@ class EmbedStats:
 
 
 def embedding_text(chunk: Chunk) -> str:
+    header = _header(chunk)
+    return chunk.text if header is None else f"{header}\n{chunk.text}"
+
+
+def _header(chunk: Chunk) -> str | None:
+    """The line above a chunk's code in its embedding text, if it has one."""
     if chunk.kind == "module" or chunk.symbol.rsplit(".", 1)[-1] in chunk.text:
-        return chunk.text
-    return f"{chunk.kind} {chunk.symbol}\n{chunk.text}"
+        return None
+    return f"{chunk.kind} {chunk.symbol}"
 
 
 class ModelWindow:
@@ -126,30 +132,69 @@ class ModelWindow:
         self._specials = None if self._prompt else _specials(self._tokenizer)
         self._model_key = model.key
         self._fitting = fitting
+        self._counted: tuple[list[str], RowIds | None] = ([], None)
+        """The rows last counted, and their ids: a file's are asked for by the chunker
+        and again for its chunks' tokens."""
 
     def measure(self, chunks: list[Chunk]) -> list[Tokens]:
         """Each chunk's embedding text as the model's tokenizer cuts it."""
         return tokenized(self._tokenizer, [embedding_text(c) for c in chunks], self._prompt)
 
-    def fits(self, chunks: list[Chunk]) -> list[bool]:
-        """Whether each chunk's embedding text fits the window."""
-        counts = self._count([self._prompt + embedding_text(c) for c in chunks])
-        return [count <= self._capacity for count in counts]
+    def fits(self, chunks: list[Chunk], rows: list[str] | None = None) -> list[bool]:
+        """Whether each chunk's embedding text fits the window; ``rows``, the lines of
+        the chunks' file, lets their tokens be counted from the rows'."""
+        counted = None if rows is None else self._rows(rows)
+        if rows is None or counted is None:
+            counts = self._count([self._prompt + embedding_text(c) for c in chunks])
+            return [count <= self._capacity for count in counts]
+        # the embedding text's first line (the header, or the first row) follows the prompt
+        runs = [(self._prompt + header, c.start_line - 1) if (header := _header(c)) else
+                (self._prompt + rows[c.start_line - 1], c.start_line) if self._prompt else
+                ("", c.start_line - 1) for c in chunks]
+        heads = iter(self._count([head for head, _ in runs if head]))
+        return [(next(heads) if head else 0) + counted.count(first, c.end_line)
+                <= self._capacity for (head, first), c in zip(runs, chunks, strict=True)]
 
-    def tokens(self, chunks: list[Chunk]) -> list[Tokens | None]:
+    def tokens(self, chunks: list[Chunk], rows: list[str] | None = None,
+               ) -> list[Tokens | None]:
         """Each chunk's tokens; ``None`` for a text the cache knows to fit (its vector
-        is cached, so no tokens are needed)."""
+        is cached, so no tokens are needed). ``rows`` as in ``fits``."""
         texts = [embedding_text(c) for c in chunks]
         fit = self._known_to_fit(texts)
-        missing = [text for text in dict.fromkeys(texts) if text not in fit]
-        measured = dict(zip(missing, self._cut(missing), strict=True))
-        return [measured.get(text) for text in texts]
+        counted = None if rows is None or self._specials is None else self._rows(rows)
+        if counted is None:  # each distinct text measured once
+            missing = [text for text in dict.fromkeys(texts) if text not in fit]
+            joined: list[np.ndarray | None] = self._count.ids(missing) \
+                if self._specials is not None else [None] * len(missing)
+            measured = dict(zip(missing, self._cut(missing, joined), strict=True))
+            return [measured.get(text) for text in texts]
+        measuring = [at for at, text in enumerate(texts) if text not in fit]
+        cut = iter(self._cut([texts[at] for at in measuring],
+                             self._joined([chunks[at] for at in measuring], counted)))
+        return [None if text in fit else next(cut) for text in texts]
 
-    def _cut(self, texts: list[str]) -> list[Tokens]:
-        """``measure`` of texts: a text that fits the window takes the ids that the token
-        counter joins from its lines' (the same ids, cut ~4x faster), the rest are
-        tokenized whole."""
-        joined = self._count.ids(texts) if self._specials is not None else [None] * len(texts)
+    def _rows(self, rows: list[str]) -> RowIds | None:
+        if self._counted[0] != rows:
+            self._counted = (rows, self._count.rows(rows))
+        return self._counted[1]
+
+    def _joined(self, chunks: list[Chunk], counted: RowIds) -> list[np.ndarray | None]:
+        """Each chunk's embedding text's ids (no prompt: ``_cut`` needs none), its
+        header's followed by its rows' (``None``: a header only a whole tokenization
+        cuts)."""
+        headers = [_header(c) for c in chunks]
+        heads = iter(self._count.ids([header for header in headers if header]))
+        joined: list[np.ndarray | None] = []
+        for header, c in zip(headers, chunks, strict=True):
+            body = counted.ids(c.start_line - 1, c.end_line)
+            head = next(heads) if header else _NONE
+            joined.append(None if head is None else np.concatenate([head, body]))
+        return joined
+
+    def _cut(self, texts: list[str], joined: list[np.ndarray | None]) -> list[Tokens]:
+        """``measure`` of texts: a text that fits the window takes its ``joined`` ids
+        (the token counter's, joined from its lines': the same ids, cut ~4x faster), the
+        rest are tokenized whole."""
         whole = [text for text, ids in zip(texts, joined, strict=True)
                  if ids is None or len(ids) > self._capacity]
         cut = iter(tokenized(self._tokenizer, whole, self._prompt) if whole else [])

@@ -38,7 +38,7 @@ from ssindex.config import BuildConfig
 from ssindex.errors import WorkerLost
 from ssindex.index.cache import VectorCache
 from ssindex.records import Chunk, IndexedChunk, SourceFile
-from ssindex.stages.chunk import CHUNKER_VERSION, chunk_file, replay
+from ssindex.stages.chunk import CHUNKER_VERSION, chunk_file, replay, text_rows
 from ssindex.stages.embed import ModelWindow, embed_key
 from ssindex.stages.signature import Signer
 from ssindex.stages.walk import Candidate, WalkStats, read
@@ -108,7 +108,8 @@ class Preparer:
                              key=embed_key(c, self._preparation.model_key))
                 for c, signature in zip(chunks, signatures, strict=True)]
         if self._preparation.tokenize and rows:  # measured by the chunker: not tokenized again
-            for row, tokens in zip(rows, self._window.tokens(chunks), strict=True):
+            for row, tokens in zip(rows, self._window.tokens(chunks, text_rows(source.text)),
+                                          strict=True):
                 row.tokens = tokens
         # the text lives on in the chunks; the driver needs only the file's stamp
         return Prepared(replace(source, text=""), chunker, rows, cut)
