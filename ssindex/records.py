@@ -75,7 +75,7 @@ class Tokens(NamedTuple):
 class IndexedChunk:
     """A chunk on its way to the store: dedupe verdict, then vector.
 
-    ``terms``, ``key`` and ``tokens`` are facts of the chunk alone that a worker
+    ``terms``, ``key``, ``tokens`` and ``digest`` are facts of the chunk alone that a worker
     process may work out ahead of the stages that need them (``engines.pool``);
     each stage computes what is missing itself."""
 
@@ -93,6 +93,8 @@ class IndexedChunk:
     """The embed key (``stages.embed.embed_key``)."""
     tokens: Tokens | None = None
     """The embedding text, tokenized; dropped once embedded."""
+    digest: bytes | None = None
+    """The hash of the stored fields the chunk fixes alone (``index.layout.fixed_digest``)."""
 
     def __reduce__(self) -> tuple[type[IndexedChunk], tuple[Any, ...]]:
         return IndexedChunk, _fields(self)

@@ -154,3 +154,23 @@ def test_parse_errors_and_unknown_languages_use_line_windows() -> None:
     chunks, chunker = chunk_file(_source("notes.txt", prose), ChunkConfig(max_chars=100))
     assert chunker == "lines" and len(chunks) > 5
     _check_tiling(prose, chunks)
+
+
+@pytest.mark.parametrize("alphabet", [["ab", "x", "{", " ", "\t", "\x0b", "\x1c", "\r"],
+                                      ["é", "中文", "x", "\u3000", "\xa0", "\x85", "\u2003", " "]])
+def test_sizes_are_the_characters_str_split_keeps(alphabet: list[str]) -> None:
+    """Line windows fill their budget with non-whitespace characters as ``str.split``
+    sees them: ASCII separators and Unicode spaces too."""
+    rng = random.Random(3)
+    text = "".join("".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40))) + "\n"
+                   for _ in range(300))
+    chunks, chunker = chunk_file(_source("notes.txt", text), ChunkConfig(max_chars=60))
+    rows = text.split("\n")
+
+    def size(first: int, last: int) -> int:
+        return sum(len(word) for row in rows[first - 1:last] for word in row.split())
+
+    assert chunker == "lines" and len(chunks) > 10
+    for chunk in chunks[:-1]:
+        assert size(chunk.start_line, chunk.end_line) <= 60 or chunk.start_line == chunk.end_line
+        assert size(chunk.start_line, chunk.end_line + 1) > 60  # the next row did not fit

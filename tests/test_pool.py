@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ssindex.index.layout import CHUNK_SCHEMA, IndexDir
+from ssindex.index.layout import CHUNK_SCHEMA, IndexDir, row_digest
 from ssindex.index.table import scan
 from tests.conftest import CLI, cli_json, copy_stdlib
 
@@ -44,7 +44,11 @@ def test_workers_build_the_one_worker_index_row_for_row(tmp_path: Path) -> None:
     assert one["chunks_deduplicated"] > 0 and one["secrets_redacted"] == 1
     assert set(one["files_skipped"]) == {"binary", "empty"}
     assert {k: one.get(k) for k in _SAME} == {k: three.get(k) for k in _SAME}
-    assert _rows(tmp_path / "one") == _rows(tmp_path / "three")  # ids, dup_of, vectors: all
+    rows = _rows(tmp_path / "three")
+    assert _rows(tmp_path / "one") == rows  # ids, dup_of, vectors: all
+    # a digest hashed in a worker is the one the row's stored fields give the driver that
+    # writes it again (an incremental build): an unchanged row is not rewritten
+    assert all(row_digest(row) == row["row_digest"] for row in rows)
 
 
 def _descendants(pid: int) -> set[int]:

@@ -23,7 +23,7 @@ import json
 import os
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,13 +83,40 @@ MANIFEST_SCHEMA = pa.schema([
 ])
 
 
-def row_digest(row: dict[str, Any]) -> str:
-    """Hash of every stored field but the digest itself: unchanged rows are not rewritten."""
-    digest = xxhash.xxh3_64()
-    for name in CHUNK_SCHEMA.names[:-1]:
-        value = row[name]
-        digest.update(value if isinstance(value, bytes) else repr(value).encode())
+VERDICT_FIELDS = ("dup_of", "vec_codes", "vec_scale")
+"""The stored fields a chunk does not fix alone: its dedupe verdict and its vector."""
+FIXED_FIELDS = tuple(name for name in CHUNK_SCHEMA.names[:-1] if name not in VERDICT_FIELDS)
+
+
+def fixed_digest(row: Mapping[str, Any]) -> bytes:
+    """Hash of the stored fields a chunk fixes alone (``FIXED_FIELDS``): a worker process
+    works it out, so that the driver hashes only the verdict and vector of each row."""
+    digest = xxhash.xxh3_128()
+    for name in FIXED_FIELDS:
+        _hash_field(digest, row[name])
+    return digest.digest()
+
+
+def row_digest(row: Mapping[str, Any], fixed: bytes | None = None) -> str:
+    """Hash of every stored field but the digest itself: unchanged rows are not rewritten.
+    ``fixed``: the row's ``fixed_digest``, when known."""
+    digest = xxhash.xxh3_64(fixed if fixed is not None else fixed_digest(row))
+    for name in VERDICT_FIELDS:
+        _hash_field(digest, row[name])
     return digest.hexdigest()
+
+
+def _hash_field(digest: Any, value: Any) -> None:
+    """A field's bytes, length-prefixed, or the ``repr`` of a number or ``None``, ended:
+    the fields cannot run into each other. (Every field's ``repr`` made the digest of a
+    row cost ~14 us, its text's and terms' two thirds of that.)"""
+    if isinstance(value, str):
+        value = value.encode("utf-8", "surrogatepass")
+    if isinstance(value, bytes):
+        digest.update(b"%d:" % len(value))
+        digest.update(value)
+    else:
+        digest.update(b"%s;" % repr(value).encode())
 
 
 @dataclass(frozen=True)

@@ -25,23 +25,28 @@ def lexical_terms(chunk: Chunk) -> tuple[str, str]:
     return analyze(chunk.text), name_terms(chunk.path, chunk.symbol)
 
 
+def fixed_fields(row: IndexedChunk, model_key: str) -> dict[str, Any]:
+    """The stored fields of a fresh chunk that it fixes alone (``FIXED_FIELDS``)."""
+    chunk = row.chunk
+    record = {
+        "id": chunk.id, "path": chunk.path, "language": chunk.language,
+        "start_line": chunk.start_line, "end_line": chunk.end_line,
+        "symbol": chunk.symbol, "kind": chunk.kind, "text": chunk.text,
+        "content_hash": chunk.content_hash, "file_hash": chunk.file_hash,
+        "embed_key": row.key or embed_key(chunk, model_key), "minhash": row.signature,
+    }
+    record["lex_body"], record["lex_name"] = row.terms or lexical_terms(chunk)
+    return record
+
+
 def _record(row: IndexedChunk, code: bytes | None, scale: float | None, model_key: str,
             ) -> dict[str, Any]:
-    chunk = row.chunk
-    if row.stored is not None:
-        record = dict(row.stored)
-        record.update(dup_of=row.dup_of, vec_codes=code, vec_scale=scale)
+    if row.stored is None:
+        record, fixed = fixed_fields(row, model_key), row.digest
     else:
-        record = {
-            "id": chunk.id, "path": chunk.path, "language": chunk.language,
-            "start_line": chunk.start_line, "end_line": chunk.end_line,
-            "symbol": chunk.symbol, "kind": chunk.kind, "text": chunk.text,
-            "dup_of": row.dup_of, "content_hash": chunk.content_hash,
-            "file_hash": chunk.file_hash, "embed_key": row.key or embed_key(chunk, model_key),
-            "minhash": row.signature, "vec_codes": code, "vec_scale": scale,
-        }
-        record["lex_body"], record["lex_name"] = row.terms or lexical_terms(chunk)
-    record["row_digest"] = row_digest(record)
+        record, fixed = dict(row.stored), None
+    record.update(dup_of=row.dup_of, vec_codes=code, vec_scale=scale)
+    record["row_digest"] = row_digest(record, fixed)
     return record
 
 

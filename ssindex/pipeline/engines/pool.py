@@ -2,10 +2,11 @@
 
 Everything a build works out from one file alone happens here: reading it (secrets
 redacted), chunking it, and for each chunk its MinHash signature, lexical terms,
-embed key and tokens. With one worker that runs in the producer thread; with more,
-blocks of files go to a pool of processes (the GIL would serialize threads: most of
-this is Python). Results come back in path order, through a window of blocks in
-flight, so memory is bounded and the index is the one-worker index, row for row.
+embed key, tokens and the digest of its stored fields. With one worker that runs in
+the producer thread; with more, blocks of files go to a pool of processes (the GIL
+would serialize threads: most of this is Python). Results come back in path order,
+through a window of blocks in flight, so memory is bounded and the index is the
+one-worker index, row for row.
 What needs every chunk so far stays in the driver: dedupe verdicts, embedding,
 writing.
 
@@ -37,12 +38,13 @@ from ssindex.backends.model import ModelSpec
 from ssindex.config import BuildConfig
 from ssindex.errors import WorkerLost
 from ssindex.index.cache import VectorCache
+from ssindex.index.layout import fixed_digest
 from ssindex.records import Chunk, IndexedChunk, SourceFile
 from ssindex.stages.chunk import CHUNKER_VERSION, chunk_file, replay, text_rows
 from ssindex.stages.embed import ModelWindow, embed_key
 from ssindex.stages.signature import Signer
 from ssindex.stages.walk import Candidate, WalkStats, read
-from ssindex.stages.write import lexical_terms
+from ssindex.stages.write import fixed_fields, lexical_terms
 
 FILES_PER_BLOCK = 16
 """Files per task: large enough that the hand-off costs little against chunking them."""
@@ -104,9 +106,12 @@ class Preparer:
             return Prepared(None, "", [])
         chunks, chunker, cut = self._chunks(source)
         signatures = self._sign([c.text for c in chunks]) if self._sign else [None] * len(chunks)
+        model_key = self._preparation.model_key
         rows = [IndexedChunk(c, signature=signature, terms=lexical_terms(c),
-                             key=embed_key(c, self._preparation.model_key))
+                             key=embed_key(c, model_key))
                 for c, signature in zip(chunks, signatures, strict=True)]
+        for row in rows:
+            row.digest = fixed_digest(fixed_fields(row, model_key))
         if self._preparation.tokenize and rows:  # measured by the chunker: not tokenized again
             for row, tokens in zip(rows, self._window.tokens(chunks, text_rows(source.text)),
                                           strict=True):
