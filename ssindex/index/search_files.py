@@ -29,7 +29,9 @@ files of another layout even when no row changed.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator, Mapping
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -139,17 +141,36 @@ def write_search_files(index: IndexDir, version: int) -> Made:
         [], schema=pa.schema([dataset.schema.field(c) for c in columns]))
     chain = _Chain()
     name = f"search-v{version}.arrow"
-    marked = _marked(pa.table(first).select(SNAPSHOT_COLUMNS), chain.add(first))
-    with index.manifest_writer(name, marked.schema) as writer:
-        writer.write_table(marked)
-        for block in blocks:
-            writer.write_table(_marked(pa.table(block).select(SNAPSHOT_COLUMNS),
-                                       chain.add(block)))
+    with ThreadPoolExecutor(1, thread_name_prefix="ssindex-postings") as builder:
+        built = _built_ahead(itertools.chain([first], blocks), builder)
+        block, postings = next(built)
+        marked = _marked(pa.table(block).select(SNAPSHOT_COLUMNS), chain.add(postings))
+        with index.manifest_writer(name, marked.schema) as writer:
+            writer.write_table(marked)
+            for block, postings in built:
+                writer.write_table(_marked(pa.table(block).select(SNAPSHOT_COLUMNS),
+                                           chain.add(postings)))
     postings = chain.whole()
     names = {"postings": index.write_manifest(f"postings-v{version}.arrow",
                                               postings.to_table()),
              "snapshot": name}
     return names, index.read_manifest(name, mmap=True), _lexicon(postings, None, None)
+
+
+def _built_ahead(blocks: Iterator[pa.RecordBatch], builder: Executor,
+                 ) -> Iterator[tuple[pa.RecordBatch, Postings]]:
+    """Each block with its postings, the next block's built on ``builder`` meanwhile:
+    their Arrow and numpy kernels leave the GIL, and building them one after the other
+    was most of a clean commit, on one core."""
+    pending: tuple[pa.RecordBatch, Future[Postings]] | None = None
+    for block in blocks:
+        future = builder.submit(Postings.build, block.column("lex_body"),
+                                block.column("lex_name"))
+        if pending is not None:
+            yield pending[0], pending[1].result()
+        pending = block, future
+    if pending is not None:
+        yield pending[0], pending[1].result()
 
 
 class _Chain:
@@ -160,9 +181,8 @@ class _Chain:
     def __init__(self) -> None:
         self._stack: list[Postings] = []
 
-    def add(self, block: pa.RecordBatch) -> Postings:
-        """The block's own postings (kept to be chained)."""
-        postings = Postings.build(block.column("lex_body"), block.column("lex_name"))
+    def add(self, postings: Postings) -> Postings:
+        """Chain a block's own postings (and return them)."""
         merged = postings
         while self._stack and self._stack[-1].size <= 2 * merged.size:
             before = self._stack.pop()
