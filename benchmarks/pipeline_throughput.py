@@ -7,7 +7,12 @@ one run. The baseline is the 1-worker build; ``scaling`` is the 2-worker rate ov
 It also projects the CPU side of a 16-core GPU node: the driver's own CPU time with
 the pool on cannot be shared, the rest of a one-process build spreads over 15 cores.
 
-    python benchmarks/pipeline_throughput.py [--workers 1,2] [--packages PKGS] [--json]
+    python benchmarks/pipeline_throughput.py [--workers 1,2] [--packages PKGS]
+        [--repeats N] [--against CHECKOUT] [--json]
+
+``--against`` builds the same tree with the code of another checkout (a ``git worktree``
+of an earlier commit) in turn with this one's, build by build, so that both meet the
+same noise on a shared machine; it prints that code's rates and the speed-up over them.
 
 Targets: >= 4,000 chunks/s with one worker, and >= 1.7x that with two.
 """
@@ -16,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -48,11 +54,20 @@ print(json.dumps({"chunks": stats["chunks_total"], "wall_seconds": wall,
 """
 
 
-def run(tree: Path, workers: int, workdir: Path) -> dict[str, object]:
+HERE = Path(__file__).resolve().parents[1]
+"""The checkout this benchmark belongs to: its code is the code measured."""
+
+
+def run(tree: Path, workers: int, workdir: Path, code: Path = HERE) -> dict[str, object]:
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
         done = subprocess.run([sys.executable, "-c", _BUILD, str(tree), str(Path(tmp) / "index"),
-                               str(workers)], capture_output=True, text=True, check=True)
+                               str(workers)], capture_output=True, text=True, check=True,
+                              env={**os.environ, "PYTHONPATH": str(code)})
         return json.loads(done.stdout.splitlines()[-1])
+
+
+def _median(runs: list[dict[str, object]], key: str) -> float:
+    return statistics.median(float(r[key]) for r in runs)  # type: ignore[arg-type]
 
 
 def main() -> None:
@@ -61,25 +76,29 @@ def main() -> None:
     parser.add_argument("--packages", default="", help="stdlib packages (default: all of it)")
     parser.add_argument("--repeats", type=int, default=1, help="builds per count (median)")
     parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()))
+    parser.add_argument("--against", type=Path, help="another checkout, built in turn")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     without_shared_cache()
     counts = [int(n) for n in args.workers.split(",")]
+    codes = [HERE, *([args.against.resolve()] if args.against else [])]
     result: dict[str, object] = {"cpu": cpu_label()}
-    rates: dict[str, float] = {}
-    cpu: dict[str, float] = {}
+    runs: dict[tuple[Path, int], list[dict[str, object]]] = {}
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
         tree = Path(tmp) / "stdlib"
         copy_stdlib(tree, args.packages, everything=not args.packages)
-        for workers in counts:
-            runs = [run(tree, workers, args.workdir) for _ in range(args.repeats)]
-            wall = statistics.median(float(r["wall_seconds"]) for r in runs)  # type: ignore[arg-type]
-            chunks = int(runs[0]["chunks"])  # type: ignore[call-overload]
-            rates[str(workers)] = round(chunks / wall, 1)
-            cpu[str(workers)] = statistics.median(float(r["cpu_seconds"]) for r in runs)  # type: ignore[arg-type]
-            result["chunks"] = chunks
-            result[f"wall_seconds_{workers}"] = round(wall, 2)
-            result[f"stage_seconds_{workers}"] = runs[-1]["stage_seconds"]
+        for _ in range(args.repeats):
+            for workers in counts:
+                for code in codes:
+                    runs.setdefault((code, workers), []).append(
+                        run(tree, workers, args.workdir, code))
+    chunks = int(runs[HERE, counts[0]][0]["chunks"])  # type: ignore[call-overload]
+    result["chunks"] = chunks
+    rates = {str(w): round(chunks / _median(runs[HERE, w], "wall_seconds"), 1) for w in counts}
+    cpu = {str(w): _median(runs[HERE, w], "cpu_seconds") for w in counts}
+    for workers in counts:
+        result[f"wall_seconds_{workers}"] = round(_median(runs[HERE, workers], "wall_seconds"), 2)
+        result[f"stage_seconds_{workers}"] = runs[HERE, workers][-1]["stage_seconds"]
     result["cpu_side_chunks_per_s"] = rates
     base, best = rates[str(counts[0])], rates[str(counts[-1])]
     result["scaling"] = round(best / base, 3)
@@ -93,6 +112,14 @@ def main() -> None:
     result[f"projected_{NODE_CORES}_core_chunks_per_s"] = round(node)
     result[f"projected_{NODE_CORES}_core_build_seconds"] = round(
         int(result["chunks"]) / min(node, GPU_CHUNKS_PER_S), 1)  # type: ignore[call-overload]
+    if args.against:
+        theirs = {str(w): round(chunks / _median(runs[codes[1], w], "wall_seconds"), 1)
+                  for w in counts}
+        result["against"] = str(codes[1])
+        result["against_cpu_side_chunks_per_s"] = theirs
+        result["against_driver_cpu_seconds"] = round(_median(runs[codes[1], counts[-1]],
+                                                             "cpu_seconds"), 1)
+        result["speedup_vs_against"] = {w: round(rates[w] / theirs[w], 3) for w in rates}
     report(result, args.json)
 
 
