@@ -24,8 +24,9 @@ from ssindex.errors import ConfigError
 from ssindex.pipeline.build import build
 from ssindex.query.searcher import Searcher
 from ssindex.records import SourceFile, Tokens
-from ssindex.stages.chunk import chunk_file, text_rows
+from ssindex.stages.chunk import chunk_file
 from ssindex.stages.embed import ModelWindow, embedding_text
+from ssindex.stages.lines import text_rows
 from tests.conftest import STDLIB, run_cli
 from tests.tiny_models import ARCHITECTURES, make_model
 

@@ -27,20 +27,18 @@ lines; one whose embedding text still overflows the window is cut into line wind
 
 from __future__ import annotations
 
-import itertools
-import math
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import PurePosixPath
-from typing import Any, Protocol
+from typing import Any
 
-import numpy as np
 import xxhash
 
 from ssindex.config import ChunkConfig
 from ssindex.records import Chunk, IndexedChunk, SourceFile
+from ssindex.stages.lines import Lines, Window
 from ssindex.stages.symbols import definition, sole_definition
 from ssindex.text.languages import AST_LANGUAGES
 
@@ -79,29 +77,6 @@ class ChunkStats:
         self.chunks += chunks
 
 
-class Window(Protocol):
-    """The model's window: chunks are cut to fit in it (``stages.embed.ModelWindow``)."""
-
-    limit: int
-    """The tokens a chunk's own text may take (the prompt and special tokens aside)."""
-
-    def fits(self, chunks: list[Chunk], rows: list[str] | None = None) -> list[bool]:
-        """Whether each chunk's embedding text fits in the window (``rows``: the lines of
-        the chunks' file)."""
-        ...
-
-    def line_tokens(self, rows: list[str]) -> list[int]: ...
-
-
-_SPACES = np.array([code for code in range(0x3001) if chr(code).isspace()], np.uint32)
-"""What ``str.split`` splits at: no character above U+3000 is whitespace."""
-_ASCII_SPACE = np.isin(np.arange(256), _SPACES[_SPACES < 128])
-
-WINDOW_HEADROOM = 8
-"""Tokens of a window the AST split leaves free: for the embed stage's symbol line, and
-tokens that straddle line ends."""
-
-
 @dataclass(slots=True)
 class _Span:
     start: int
@@ -114,65 +89,6 @@ class _Span:
     attach: str = ""
     """``next``: must merge with the span after it (a comment, a header above its
     body); ``prev``: with the span before it (a closing bracket or ``end``)."""
-
-
-@dataclass(frozen=True, slots=True)
-class _Lines:
-    rows: list[str]
-    prefix: list[int]
-    """prefix[i] = non-whitespace characters in rows[:i]."""
-    token_prefix: list[int] | None = None
-    """token_prefix[i] = tokens of rows[:i], each line's counted alone (with a window)."""
-    token_weight: float = 0.0
-    """Characters a token is worth: the character budget over the window."""
-
-    @classmethod
-    def of(cls, text: str, window: Window | None = None, budget: int = 0,
-           counted: list[int] | None = None) -> _Lines:
-        """The lines of ``text``; with a ``window``, the tokens of the ``counted`` rows
-        too (the others count none), each worth ``budget`` over the window's limit."""
-        rows = text_rows(text)
-        prefix = _solid_prefix(text, len(rows))
-        if window is None or not counted:
-            return cls(rows, prefix)
-        tokens = [0] * len(rows)
-        for row, count in zip(counted, window.line_tokens([rows[r] for r in counted]),
-                              strict=True):
-            tokens[row] = count
-        target = max(1, window.limit - WINDOW_HEADROOM)
-        return cls(rows, prefix, [0, *itertools.accumulate(tokens)], budget / target)
-
-    def size(self, start: int, end: int) -> int:
-        chars = self.prefix[end + 1] - self.prefix[start]
-        if self.token_prefix is None:
-            return chars
-        tokens = self.token_prefix[end + 1] - self.token_prefix[start]
-        return max(chars, math.ceil(tokens * self.token_weight))
-
-
-def _solid_prefix(text: str, rows: int) -> list[int]:
-    """The non-whitespace characters (``str.split``'s whitespace) in the first ``i`` rows
-    of ``text``, for each ``i`` up to ``rows``: counted over the whole text in numpy, as
-    summing each row's words in Python took a fifth of chunking."""
-    if text.isascii():
-        codes = np.frombuffer(text.encode("ascii"), np.uint8)
-        solid = np.cumsum(~_ASCII_SPACE[codes])
-    else:
-        codes = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), np.uint32)
-        solid = np.cumsum(~np.isin(codes, _SPACES))
-    # a row's count is the running count at its newline (itself whitespace)
-    prefix = [0, *solid[np.flatnonzero(codes == 10)[:rows]].tolist()]
-    if len(prefix) <= rows:  # a last row without a newline
-        prefix.append(int(solid[-1]))
-    return prefix
-
-
-def text_rows(text: str) -> list[str]:
-    """The lines of a text, as chunks number them (no empty line after a final newline)."""
-    rows = text.split("\n")
-    if rows and rows[-1] == "":
-        rows.pop()
-    return rows
 
 
 def chunk(files: Iterable[SourceFile], cfg: ChunkConfig, stats: ChunkStats,
@@ -189,7 +105,7 @@ def chunk_file(source: SourceFile, cfg: ChunkConfig, window: Window | None = Non
                ) -> tuple[list[Chunk], str]:
     """The chunks of one file (each fitting ``window``, when given) and the name of the
     chunker that made them."""
-    lines = _Lines.of(source.text)
+    lines = Lines.of(source.text)
     if not lines.rows:
         return [], "lines"
     spans, chunker = _spans(source, lines, cfg)
@@ -202,7 +118,7 @@ def chunk_file(source: SourceFile, cfg: ChunkConfig, window: Window | None = Non
     # tokens are counted only in the rows of chunks too long (12% of the standard
     # library's): elsewhere the sizes, and so the chunks, stay as they were
     rows = sorted({row for span in long for row in range(span.start, span.end + 1)})
-    lines = _Lines.of(source.text, window, cfg.max_chars, rows)
+    lines = Lines.of(source.text, window, cfg.max_chars, rows)
     spans = _fit(source, lines, _spans(source, lines, cfg)[0], window)
     return [_to_chunk(source, lines, s) for s in spans], chunker
 
@@ -210,14 +126,14 @@ def chunk_file(source: SourceFile, cfg: ChunkConfig, window: Window | None = Non
 def replay(source: SourceFile, cuts: list[tuple[int, int, str, str]]) -> list[Chunk] | None:
     """The chunks of ``source`` at ``cuts`` (first and last line, symbol, kind), as
     ``chunk_file`` cut this text before; ``None`` when the cuts do not fit its lines."""
-    lines = _Lines.of(source.text)
+    lines = Lines.of(source.text)
     if any(not 0 < start <= end <= len(lines.rows) for start, end, _, _ in cuts):
         return None
     return [_to_chunk(source, lines, _Span(start - 1, end - 1, symbol, kind))
             for start, end, symbol, kind in cuts]
 
 
-def _spans(source: SourceFile, lines: _Lines, cfg: ChunkConfig) -> tuple[list[_Span], str]:
+def _spans(source: SourceFile, lines: Lines, cfg: ChunkConfig) -> tuple[list[_Span], str]:
     """The file's non-empty spans, and the chunker that made them."""
     module = (PurePosixPath(source.path).stem, "module")
     spans: list[_Span] | None = None
@@ -230,7 +146,7 @@ def _spans(source: SourceFile, lines: _Lines, cfg: ChunkConfig) -> tuple[list[_S
     return [s for s in spans if lines.size(s.start, s.end)], chunker
 
 
-def _fit(source: SourceFile, lines: _Lines, spans: list[_Span], window: Window,
+def _fit(source: SourceFile, lines: Lines, spans: list[_Span], window: Window,
          ) -> list[_Span]:
     """``spans`` with each one whose embedding text still overflows the window (a long
     statement kept whole, tokens across line ends) cut into line windows."""
@@ -243,7 +159,7 @@ def _fit(source: SourceFile, lines: _Lines, spans: list[_Span], window: Window,
     return cut
 
 
-def _token_windows(source: SourceFile, lines: _Lines, span: _Span, window: Window,
+def _token_windows(source: SourceFile, lines: Lines, span: _Span, window: Window,
                    ) -> list[_Span]:
     """``span`` cut into whole-line windows that fit ``window``: lines are added while
     their own token counts sum within the limit, and a window that still does not fit
@@ -280,7 +196,7 @@ def _tree(language: str, text: str) -> Any:
 
 
 def _ast_spans(
-    source: SourceFile, lines: _Lines, cfg: ChunkConfig, module: tuple[str, str]
+    source: SourceFile, lines: Lines, cfg: ChunkConfig, module: tuple[str, str]
 ) -> list[_Span] | None:
     try:
         tree = _tree(source.language or "", source.text)
@@ -307,7 +223,7 @@ def _rows(node: Any) -> tuple[int, int]:
     return start, end
 
 
-def _split(node: Any, ctx: tuple[str, str], depth: int, lines: _Lines, cfg: ChunkConfig,
+def _split(node: Any, ctx: tuple[str, str], depth: int, lines: Lines, cfg: ChunkConfig,
            reserve: int = 0, is_root: bool = False) -> list[_Span]:
     """Spans of ``node``; the first one leaves ``reserve`` characters for a glued header."""
     start, end = _rows(node)
@@ -361,7 +277,7 @@ def _tile(pieces: list[_Span], start: int, end: int) -> list[_Span]:
     return tiled
 
 
-def _merge(pieces: list[_Span], lines: _Lines, budget: int, ctx: tuple[str, str],
+def _merge(pieces: list[_Span], lines: Lines, budget: int, ctx: tuple[str, str],
            reserve: int = 0) -> list[_Span]:
     """Greedily merge adjacent sibling spans while the result fits the budget."""
     merged: list[_Span] = []
@@ -389,7 +305,7 @@ def _join(group: list[_Span], ctx: tuple[str, str]) -> _Span:
     return _Span(group[0].start, group[-1].end, *ctx)
 
 
-def _line_windows(lines: _Lines, start: int, end: int, ctx: tuple[str, str], budget: int,
+def _line_windows(lines: Lines, start: int, end: int, ctx: tuple[str, str], budget: int,
                   ) -> list[_Span]:
     spans: list[_Span] = []
     first = start
@@ -410,7 +326,7 @@ def chunk_id(path: str, start_line: int, end_line: int, content_hash: str) -> st
     return xxhash.xxh3_64_hexdigest(f"{path}\0{start_line}\0{end_line}\0{content_hash}".encode())
 
 
-def _to_chunk(source: SourceFile, lines: _Lines, span: _Span) -> Chunk:
+def _to_chunk(source: SourceFile, lines: Lines, span: _Span) -> Chunk:
     text = "\n".join(lines.rows[span.start : span.end + 1])
     digest = normalized_hash(text)
     start_line, end_line = span.start + 1, span.end + 1

@@ -40,8 +40,9 @@ from ssindex.errors import WorkerLost
 from ssindex.index.cache import VectorCache
 from ssindex.index.layout import fixed_digest
 from ssindex.records import Chunk, IndexedChunk, SourceFile
-from ssindex.stages.chunk import CHUNKER_VERSION, chunk_file, replay, text_rows
+from ssindex.stages.chunk import CHUNKER_VERSION, chunk_file, replay
 from ssindex.stages.embed import ModelWindow, embed_key
+from ssindex.stages.lines import text_rows
 from ssindex.stages.signature import Signer
 from ssindex.stages.walk import Candidate, WalkStats, read
 from ssindex.stages.write import fixed_fields, lexical_terms
@@ -86,7 +87,7 @@ class Preparer:
     """Prepares files one at a time (in a worker, or in the producer thread).
 
     The chunker tokenizes every chunk to fit it to the model's window
-    (``stages.chunk.Window``); the chunks keep those tokens for the embed stage."""
+    (``stages.lines.Window``); the chunks keep those tokens for the embed stage."""
 
     def __init__(self, preparation: Preparation) -> None:
         self._preparation = preparation
