@@ -147,13 +147,21 @@ class ModelWindow:
         if rows is None or counted is None:
             counts = self._count([self._prompt + embedding_text(c) for c in chunks])
             return [count <= self._capacity for count in counts]
-        # the embedding text's first line (the header, or the first row) follows the prompt
-        runs = [(self._prompt + header, c.start_line - 1) if (header := _header(c)) else
-                (self._prompt + rows[c.start_line - 1], c.start_line) if self._prompt else
-                ("", c.start_line - 1) for c in chunks]
+        runs = [self._head(c, rows) for c in chunks]
         heads = iter(self._count([head for head, _ in runs if head]))
         return [(next(heads) if head else 0) + counted.count(first, c.end_line)
                 <= self._capacity for (head, first), c in zip(runs, chunks, strict=True)]
+
+    def _head(self, chunk: Chunk, rows: list[str]) -> tuple[str, int]:
+        """The line the prompt runs into (the header, or the chunk's first row; none
+        without a prompt or header), and the first row counted after it."""
+        first = chunk.start_line - 1
+        header = _header(chunk)
+        if header is not None:
+            return self._prompt + header, first
+        if self._prompt:
+            return self._prompt + rows[first], first + 1
+        return "", first
 
     def tokens(self, chunks: list[Chunk], rows: list[str] | None = None,
                ) -> list[Tokens | None]:
