@@ -25,7 +25,7 @@ __version__ = "0.1.0"
 
 def __getattr__(name: str) -> Any:
     """``build`` and the search API load on first use: a search process never imports
-    the build pipeline (datasketch, tree-sitter), which would add a second to its start."""
+    the build pipeline (tree-sitter, the secret detectors), which would add to its start."""
     if name == "build":
         from ssindex.pipeline.build import build
 

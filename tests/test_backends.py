@@ -261,6 +261,24 @@ def test_cli_explicit_cuda_fails_cleanly(tmp_path: Path) -> None:
     assert len(result.stderr.strip().splitlines()) == 1
 
 
+def test_an_explicit_backend_that_cannot_run_fails_even_with_nothing_to_embed(
+        tmp_path: Path) -> None:
+    """The explicit backend loads while the first files are prepared; one that cannot
+    run must still fail the build before it commits, even where every vector is
+    reused and no chunk would have asked for it."""
+    from ssindex import build
+    from ssindex.index.layout import IndexDir
+
+    (tmp_path / "a.py").write_text("def f():\n    return 1\n")
+    build(tmp_path, backend_overrides={"embed_bulk": "onnx-cpu"})
+    index = IndexDir(tmp_path / ".ssindex")
+    head = index.read_head().data
+    with pytest.raises(BackendUnavailable, match="torch-cuda"):
+        build(tmp_path, backend_overrides={"embed_bulk": "torch-cuda"})
+    assert index.read_head().data["table_version"] == head["table_version"]
+    assert build(tmp_path, backend_overrides={"embed_bulk": "onnx-cpu"})["chunks_embedded"] == 0
+
+
 def test_doctor_names_backend_and_reason_per_phase() -> None:
     report = cli_json("doctor")
     for phase in ("embed_bulk", "embed_query"):

@@ -18,7 +18,7 @@ from ssindex.stages.dedupe import (
     dedupe_changes,
     resolve_duplicates,
 )
-from ssindex.stages.signature import Signer, band_keys, rows_per_band
+from ssindex.stages.signature import Signer, affine_permutations, band_keys, rows_per_band
 from ssindex.stages.walk import WalkStats, walk
 
 from .conftest import STDLIB
@@ -206,6 +206,18 @@ def test_incremental_replay_reaches_the_streaming_verdicts(change: str) -> None:
         1 for c in new if c.id not in replayed and stored[c.id] is None)
     carried = [v for c, v in zip(old, old_verdicts, strict=True) if c.id in {n.id for n in new}]
     assert [v for c, v in zip(new, expected, strict=True) if c.id in stored] != carried
+
+
+def test_permutations_are_datasketchs() -> None:
+    """The signer draws datasketch's affine32 permutations itself (importing datasketch
+    costs every worker a third of a second): they must be datasketch's, bit for bit."""
+    from datasketch import MinHash
+
+    for num_perm in (1, 16, 128, 256):
+        template = MinHash(num_perm=num_perm, scheme="affine32")
+        drawn = affine_permutations(num_perm)
+        for ours, theirs in zip(drawn, template.permutations, strict=True):
+            assert ours.dtype == np.uint32 and np.array_equal(ours, theirs), num_perm
 
 
 def test_signatures_are_datasketchs_minhashes() -> None:

@@ -173,8 +173,9 @@ def test_incremental_search_files_equal_rebuilt_ones(tmp_path: Path,
 
 def test_search_files_written_in_blocks_equal_ones_written_whole(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A clean version's search files stream in blocks of rows, their postings chained:
-    the rows, scores and term counts must be those of postings built over every row."""
+    """A clean version's search files stream in blocks of rows, their postings built
+    apart and concatenated: the rows, scores and term counts must be those of postings
+    built over every row."""
     root = copy_stdlib(tmp_path / "tree", "json")
     monkeypatch.setattr("ssindex.index.search_files.BLOCK_ROWS", 5)  # blocks of every size
     build(root, no_embed=True)
@@ -185,16 +186,36 @@ def test_search_files_written_in_blocks_equal_ones_written_whole(
         columns=["id", "lex_body", "lex_name"])
     assert files.rows.column("id").equals(table.column("id")) and table.num_rows > 5 * 8
     fresh = Lexicon([Segment(Postings.build(table.column("lex_body"), table.column("lex_name")))])
-    chained = files.lexicon()
+    concatenated = files.lexicon()
     for query, name_weight in itertools.product(
             (["decode", "json"], ["scanner", "py_scanstring"], ["encoder", "indent"]), (0.25, 2.0)):
-        assert np.allclose(chained.scores(query, name_weight), fresh.scores(query, name_weight),
-                           rtol=1e-5)
+        assert np.allclose(concatenated.scores(query, name_weight),
+                           fresh.scores(query, name_weight), rtol=1e-5)
     vocabulary = set(" ".join(table.column("lex_body").to_pylist()
                               + table.column("lex_name").to_pylist()).split())
-    assert {t: chained.frequency(t) for t in vocabulary} == {t: fresh.frequency(t)
+    assert {t: concatenated.frequency(t) for t in vocabulary} == {t: fresh.frequency(t)
                                                               for t in vocabulary}
-    assert chained.total == fresh.total
+    assert concatenated.total == fresh.total
+
+
+def test_concatenated_postings_are_those_merges_give() -> None:
+    """Concatenating blocks' postings (terms shared, new, or in one block alone; an
+    empty block) gives exactly what merging each block into those before gives: the
+    same terms, entries in the same order, and lengths."""
+    texts = [analyze((STDLIB / "json" / name).read_text()) for name in
+             ("decoder.py", "encoder.py", "scanner.py", "tool.py", "__init__.py")]
+    bodies = [texts[:2], [], texts[2:3], ["zz_only_here é ée", "json json decode"], texts[3:]]
+    parts = [Postings.build(pa.array(block, pa.string()),
+                            pa.array([f"name{len(block)} json" for _ in block], pa.string()))
+             for block in bodies]
+    merged = parts[0]
+    for part in parts[1:]:
+        merged = merged.merge(np.ones(merged.size, bool), part)
+    concatenated = Postings.concatenate(parts)
+    assert concatenated.terms.equals(merged.terms)
+    for field in ("offsets", "docs", "tf", "in_name", "lengths"):
+        assert np.array_equal(getattr(concatenated, field), getattr(merged, field)), field
+    assert concatenated.size == sum(map(len, bodies)) == 7
 
 
 def test_a_revectored_snapshot_streamed_in_other_blocks_equals_the_table(

@@ -113,6 +113,34 @@ class Postings:
                               np.concatenate([self.lengths[:, keep], other.lengths], axis=1))
 
     @classmethod
+    def concatenate(cls, parts: list[Postings]) -> Postings:
+        """The postings of the parts' docs, one part after the other: those that merging
+        each into the ones before would give (``merge``), without tokenizing anything
+        again. The parts' terms are encoded in one pass and their entries sorted by term
+        at once: a chain of merges over the standard library's 9 blocks took 0.9 s, most
+        of a clean commit's time on one core; this takes 0.1 s."""
+        import pyarrow.compute as pc
+
+        if len(parts) == 1:
+            return parts[0]
+        encoded = pc.dictionary_encode(pa.concat_arrays([part.terms for part in parts]))
+        order = pc.sort_indices(encoded.dictionary).to_numpy()
+        rank = np.empty(len(order), np.int32)
+        rank[order] = np.arange(len(order), dtype=np.int32)
+        term = np.repeat(rank[encoded.indices.to_numpy(zero_copy_only=False)],
+                         np.concatenate([np.diff(part.offsets) for part in parts]))
+        starts = np.cumsum([0, *(part.size for part in parts[:-1])], dtype=np.int32)
+        docs = np.concatenate([part.docs + start for part, start in zip(parts, starts,
+                                                                        strict=True)])
+        # each part's entries are sorted by term, in doc order within a term: a stable
+        # sort keeps the parts in order within a term, as merging them does
+        by_term = np.argsort(term, kind="stable")
+        return cls._assemble(encoded.dictionary.take(pa.array(order)), term[by_term],
+                             docs[by_term], np.concatenate([p.tf for p in parts])[by_term],
+                             np.concatenate([p.in_name for p in parts])[by_term],
+                             np.concatenate([part.lengths for part in parts], axis=1))
+
+    @classmethod
     def _assemble(cls, terms: pa.Array, term: np.ndarray, docs: np.ndarray, tf: np.ndarray,
                   in_name: np.ndarray, lengths: np.ndarray) -> Postings:
         """Postings of entries sorted by term (unused terms dropped)."""
@@ -122,8 +150,9 @@ class Postings:
             term = (np.cumsum(used) - 1)[term]
         offsets = np.zeros(len(terms) + 1, np.int64)
         np.cumsum(np.bincount(term, minlength=len(terms)), out=offsets[1:])
-        return cls(terms, offsets, docs.astype(np.int32), tf.astype(np.int32),
-                   in_name.astype(bool), lengths.astype(np.int32))
+        return cls(terms, offsets, docs.astype(np.int32, copy=False),
+                   tf.astype(np.int32, copy=False), in_name.astype(bool, copy=False),
+                   lengths.astype(np.int32, copy=False))
 
     def to_table(self) -> pa.Table:
         """One row per term: its postings as lists (the list offsets are ``offsets``)."""

@@ -6,12 +6,13 @@ import contextlib
 import itertools
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from ssindex.backends.inventory import detect
 from ssindex.backends.model import ModelSpec
@@ -264,7 +265,7 @@ def _plan(job: _Job, previous: PreviousIndex | None, diffed: bool, no_embed: boo
                           embeds=not no_embed, expected=_unembedded(previous, no_embed),
                           pool=job.encoders)
     if explicit and not ray and not no_embed:
-        encoder.load()  # an explicit backend that cannot run fails before any work
+        encoder.load_ahead()  # and one that cannot run fails before a row is written
     model_key = model.key
     staging = Staging(job.index.path, model_key)
     if job.cache is not None:
@@ -319,7 +320,8 @@ def _execute(plan: BuildPlan, encoder: LazyEncoder, writer: TableWriter,
         return Outcome("ray", version, stats, backend, encode, encoder,
                        stats.clock.inclusive["write"])
     write_started = time.perf_counter()
-    version = writer.write(run_local(plan, stats, progress),
+    batches = run_local(plan, stats, progress)
+    version = writer.write(_loaded_first(batches, encoder) if explicit else batches,
                            previous.digests if previous and writer.previous else {},
                            stats.row_ids)
     write_seconds = time.perf_counter() - write_started - stats.clock.inclusive.get(
@@ -327,6 +329,19 @@ def _execute(plan: BuildPlan, encoder: LazyEncoder, writer: TableWriter,
     return Outcome("local", version, stats, encoder.report(),
                    encoder.stats if encoder.selection is not None else None, encoder,
                    write_seconds)
+
+
+def _loaded_first(batches: Iterator[pa.RecordBatch], encoder: LazyEncoder,
+                  ) -> Iterator[pa.RecordBatch]:
+    """``batches``, the encoder loaded (``load_ahead``) before the first is handed on:
+    an explicit backend that cannot run fails before a row is written, even where no
+    chunk needs it."""
+    first = next(batches, None)
+    if encoder.embeds:
+        encoder.load()
+    if first is not None:
+        yield first
+        yield from batches
 
 
 def _gpu_embeds(explicit: str | None) -> bool:

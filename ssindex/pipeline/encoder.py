@@ -128,6 +128,14 @@ class LazyEncoder:
         elif self._changed == self._small_limit + 1 and self._phase == "embed_query":
             self._in_background("embed_bulk")
 
+    def load_ahead(self) -> None:
+        """Start loading the backend now, in a background thread, for a build that will
+        need it (an explicit one): importing torch took the driver ~1 s before its
+        worker processes started, where it can overlap their start. A failure there is
+        left for ``load`` to meet again, in the caller's thread."""
+        if self.encoder is None:
+            self._in_background(self._phase)
+
     def _in_background(self, phase: str) -> None:
         """Load ``phase``'s encoder into the pool on a thread."""
         def load_quietly() -> None:

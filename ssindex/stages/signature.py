@@ -10,11 +10,11 @@ import re
 
 import numpy as np
 import xxhash
-from datasketch import MinHash
 
 from ssindex.config import DedupeConfig
 
 _WORD = re.compile(r"\w+")
+_MAX_HASH = (1 << 32) - 1
 _MIX = np.array([0x9E3779B97F4A7C15 * (i + 1) % 2**64 for i in range(64)], dtype=np.uint64)
 
 
@@ -39,10 +39,9 @@ class Signer:
 
     def __init__(self, cfg: DedupeConfig) -> None:
         self._cfg = cfg
-        template = MinHash(num_perm=cfg.num_perm, scheme="affine32")
-        self._a, self._b = (np.asarray(p, np.uint32) for p in template.permutations)
-        self._unset = template.hashvalues.astype(np.uint32).tobytes()
-        """The signature of no shingles (fewer words than a shingle)."""
+        self._a, self._b = affine_permutations(cfg.num_perm)
+        self._unset = np.full(cfg.num_perm, _MAX_HASH, np.uint32).tobytes()
+        """The signature of no shingles (fewer words than a shingle), datasketch's."""
 
     def __call__(self, texts: list[str]) -> list[bytes | None]:
         """Each text's signature as bytes; ``None`` for texts too short to compare."""
@@ -85,6 +84,18 @@ class Signer:
         for row, minima in zip(rows, np.minimum.reduceat(permuted, starts, axis=0),
                                strict=True):
             signatures[row] = minima.tobytes()
+
+
+def affine_permutations(num_perm: int) -> tuple[np.ndarray, np.ndarray]:
+    """datasketch's affine32 permutations, ``a * h + b`` mod 2**32 (those of
+    ``MinHash(num_perm, scheme="affine32")``): odd ``a``, then ``b``, drawn from numpy's
+    legacy generator with datasketch's default seed. Drawn here rather than read off a
+    ``MinHash``: importing datasketch imports scipy, ~0.35 s of the start of every
+    process that signs chunks (each worker's, the driver's). Tests hold them equal to
+    datasketch's, which tests alone import."""
+    draw = np.random.RandomState(1)
+    odd = draw.randint(0, 1 << 31, num_perm, dtype=np.uint32) * np.uint32(2) + np.uint32(1)
+    return odd, draw.randint(0, 1 << 32, num_perm, dtype=np.uint32)
 
 
 def _fmix32(values: np.ndarray) -> np.ndarray:

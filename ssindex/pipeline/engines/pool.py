@@ -46,6 +46,7 @@ from ssindex.stages.lines import text_rows
 from ssindex.stages.signature import Signer
 from ssindex.stages.walk import Candidate, WalkStats, read
 from ssindex.stages.write import fixed_fields, lexical_terms
+from ssindex.util.cores import usable_cores
 
 FILES_PER_BLOCK = 16
 """Files per task: large enough that the hand-off costs little against chunking them."""
@@ -159,8 +160,7 @@ def default_workers(gpu: bool, embeds: bool = True) -> int:
     needs the cores itself: there the CPU side is under 1% of a build. Every core when
     nothing is embedded (``--no-embed``, a progressive build's lexical pass): the CPU
     side is then the whole build."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
-        os.cpu_count() or 1)
+    cores = usable_cores()
     if not embeds:
         return cores
     return max(1, cores - 1) if gpu else 1
