@@ -40,6 +40,7 @@ from ssindex.pipeline.publication import Publisher
 from ssindex.pipeline.staging import Staging
 from ssindex.pipeline.survey import CACHED_ENOUGH, cached_share
 from ssindex.stages.walk import WalkStats, check_root, discover, walk
+from ssindex.util import heap
 
 
 def _previous(index: IndexDir, cfg: BuildConfig, model: ModelSpec,
@@ -94,6 +95,7 @@ def build(
     is committed, before older ones are cleaned up (a server reopens on it)."""
     if no_embed and ray is not None:
         raise ConfigError("--no-embed is the local engine's: Ray builds embed on actors")
+    heap.limit_arenas()
     if index_path is not None and is_remote(index_path):
         remote = RemoteIndex(str(index_path))
         result = build(root, remote.pull(for_commit=True), config, backend_overrides,
