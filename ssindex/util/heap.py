@@ -28,8 +28,6 @@ import pyarrow as pa
 
 TIME_SHARE = 0.05
 """The most of the time ``Trimmer`` spends trimming."""
-
-
 ARENAS = 2
 """malloc arenas a build's threads share at most (glibc's default: 8 per core)."""
 _M_ARENA_MAX = -8
@@ -39,10 +37,10 @@ def limit_arenas() -> None:
     """Let the process's threads share at most ``ARENAS`` malloc arenas. Each thread that
     meets a busy arena gets one of its own (the main thread, the producer, torch's,
     Lance's, the pool's), and each keeps its freed memory apart: a 9,587-chunk build
-    peaked at 984–1,017 MB with the default, 892 MB with two, no slower (166–172 against
-    163 s); a whole-stdlib build without the forward pass 1,053–1,098 against
+    peaked at 984–1,017 MB with the default (four runs), 889–991 MB with two (five runs),
+    no slower; a whole-stdlib build without the forward pass 1,053–1,098 against
     1,002–1,032 MB. glibc fixes its limit once it has more than 8 arenas, so this is
-    called as a build starts; elsewhere it is a no-op."""
+    called as a build starts; off glibc it does nothing."""
     libc = _glibc()
     if libc is not None:
         libc.mallopt(_M_ARENA_MAX, ARENAS)
