@@ -322,8 +322,7 @@ def _execute(plan: BuildPlan, encoder: LazyEncoder, writer: TableWriter,
         return Outcome("ray", version, stats, backend, encode, encoder,
                        stats.clock.inclusive["write"])
     write_started = time.perf_counter()
-    batches = run_local(plan, stats, progress)
-    version = writer.write(_loaded_first(batches, encoder) if explicit else batches,
+    version = writer.write(_loaded_first(run_local(plan, stats, progress), encoder),
                            previous.digests if previous and writer.previous else {},
                            stats.row_ids)
     write_seconds = time.perf_counter() - write_started - stats.clock.inclusive.get(
@@ -335,12 +334,11 @@ def _execute(plan: BuildPlan, encoder: LazyEncoder, writer: TableWriter,
 
 def _loaded_first(batches: Iterator[pa.RecordBatch], encoder: LazyEncoder,
                   ) -> Iterator[pa.RecordBatch]:
-    """``batches``, the encoder loaded (``load_ahead``) before the first is handed on:
-    an explicit backend that cannot run fails before a row is written, even where no
+    """``batches``, the load ``load_ahead`` started finished before the first is handed
+    on: an explicit backend that cannot run fails before a row is written, even where no
     chunk needs it."""
     first = next(batches, None)
-    if encoder.embeds:
-        encoder.load()
+    encoder.settle_ahead()
     if first is not None:
         yield first
         yield from batches

@@ -89,6 +89,8 @@ class LazyEncoder:
         """Changed files met so far (``prepare``)."""
         self._loads = threading.Lock()
         """Held while an encoder loads: a load waits for one in flight, never repeats it."""
+        self._ahead = False
+        """Whether ``load_ahead`` was asked: the build needs the backend whatever it embeds."""
 
     def encode(self, texts: list[str]) -> np.ndarray:
         return self._ready(len(texts)).encode(texts) if texts else self._none()
@@ -132,9 +134,16 @@ class LazyEncoder:
         """Start loading the backend now, in a background thread, for a build that will
         need it (an explicit one): importing torch took the driver ~1 s before its
         worker processes started, where it can overlap their start. A failure there is
-        left for ``load`` to meet again, in the caller's thread."""
+        left for ``settle_ahead`` (or ``load``) to meet again, in the caller's thread."""
+        self._ahead = True
         if self.encoder is None:
             self._in_background(self._phase)
+
+    def settle_ahead(self) -> None:
+        """Finish the load ``load_ahead`` started, raising its failure; nothing when
+        none was started."""
+        if self._ahead:
+            self.load()
 
     def _in_background(self, phase: str) -> None:
         """Load ``phase``'s encoder into the pool on a thread."""
