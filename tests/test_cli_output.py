@@ -64,6 +64,33 @@ def test_incremental_build_piped_prints_plain_progress_and_the_summary(
     assert "1 changed, 0 new, 0 removed" in summary and "1 embedded" in summary, summary
 
 
+def test_a_pass_that_embeds_nothing_reports_its_rows_written_not_embedded(
+        tree: Path, tmp_path: Path) -> None:
+    """A progressive first build's lexical pass, then its embedding pass, piped; and a
+    ``--no-embed`` build on a terminal. Rows without vectors once showed as "embed
+    N/N" at a rate no model reaches."""
+    config = tmp_path / "progressive.toml"
+    config.write_text("[commit]\nmin_files = 0\n")
+    result = subprocess.run([CLI, "build", str(tree), "--index", str(tmp_path / "both"),
+                             "--config", str(config)], capture_output=True, text=True,
+                            timeout=600, env={**os.environ, "SSINDEX_PROGRESS_SECONDS": "0"})
+    assert result.returncode == 0, result.stderr
+    _clean(result.stderr)
+    lexical, _, embedding = result.stderr.partition("searchable now")
+    assert embedding, result.stderr
+    lexical_lines = [line for line in lexical.splitlines() if line.startswith("progress:")]
+    assert lexical_lines and all(" | write " in line for line in lexical_lines), lexical
+    assert lexical_lines[-1].split(" | write ")[1].startswith(
+        "{0}/{0} ".format(lexical_lines[-1].split(" | chunk ")[1].split()[0]))
+    assert " | embed " in embedding and " | write " not in embedding, embedding
+    code, screen = run_tty("build", str(tree), "--index", str(tmp_path / "lexical"),
+                           "--no-embed")
+    assert code == 0, screen
+    _clean(screen)
+    last = screen.split("ssindex build")[0].rpartition("walk ")[2]  # the final frame
+    assert "write" in last and "embed" not in last, screen
+
+
 def test_check_says_current_or_stale_on_a_terminal_and_piped(built: Path, tree: Path) -> None:
     piped = run_cli("build", str(tree), "--check", check=False)
     assert (piped.returncode, piped.stdout.strip(), piped.stderr) == (0, "current", "")

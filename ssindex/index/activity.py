@@ -38,7 +38,7 @@ class Activity:
     def advance(self, stage: str, amount: int) -> None:
         counts = self.state["counts"]
         counts[stage] = counts.get(stage, 0) + amount
-        if stage == "embed" and self.state["embed_started"] is None:
+        if stage == "embed" and amount and self.state["embed_started"] is None:
             self.state["embed_started"] = time.time()
         if time.monotonic() - self._written >= EVERY:
             self.write()
@@ -86,14 +86,16 @@ def running_build(index_path: Path) -> dict[str, Any] | None:
 
 def _described(state: dict[str, Any]) -> dict[str, Any]:
     now, counts = time.time(), state.get("counts", {})
-    embedded, expected = counts.get("embed", 0), state.get("expected_chunks")
+    embedded, written = counts.get("embed", 0), counts.get("write", 0)
+    expected = state.get("expected_chunks")
     report: dict[str, Any] = {
         "pid": state["pid"], "phase": state.get("phase"),
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(state["started"])),
         "running_seconds": round(now - state["started"], 1),
-        "chunks_seen": counts.get("chunk", 0), "chunks_embedded": embedded}
-    if expected is not None:
-        report["chunks_left"] = max(expected - embedded, 0)
+        "chunks_seen": counts.get("chunk", 0), "chunks_embedded": embedded,
+        "chunks_written": written}
+    if expected is not None:  # a pass embeds its rows, or writes them without vectors
+        report["chunks_left"] = max(expected - embedded - written, 0)
         began = state.get("embed_started")
         if began is not None and embedded and now > began:
             report["eta_seconds"] = round(report["chunks_left"] * (now - began) / embedded)

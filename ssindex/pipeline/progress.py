@@ -9,7 +9,9 @@ from ssindex.index.activity import Activity
 
 class Progress(Protocol):
     def advance(self, stage: str, amount: int = 1) -> None:
-        """``amount`` more units (files or chunks) went through ``stage``."""
+        """``amount`` more units (files or chunks) went through ``stage``; none, as a
+        pass begins: the rows past the embed stage will count for ``stage`` (``embed``,
+        or ``write`` where the pass embeds nothing)."""
         ...
 
     def message(self, text: str) -> None:

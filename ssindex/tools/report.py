@@ -28,6 +28,8 @@ from rich.text import Text
 from ssindex.backends.selector import BackendReport
 
 _UNITS = {"walk": "files", "chunk": "chunks", "embed": "chunks"}
+_SHOWN_AS = {"write": "embed"}
+"""A pass that embeds nothing advances ``write``: shown on ``embed``'s line, named so."""
 
 
 class RichProgress:
@@ -55,11 +57,13 @@ class RichProgress:
         self._progress.stop()
 
     def advance(self, stage: str, amount: int = 1) -> None:
-        if stage not in self._tasks:
+        shown = _SHOWN_AS.get(stage, stage)
+        if shown not in self._tasks:
             return
-        self._counts[stage] += amount
-        rate = self._counts[stage] / max(time.perf_counter() - self._started, 1e-6)
-        self._progress.update(self._tasks[stage], advance=amount, rate=f"{rate:,.0f}/s")
+        self._counts[shown] += amount
+        rate = self._counts[shown] / max(time.perf_counter() - self._started, 1e-6)
+        self._progress.update(self._tasks[shown], advance=amount, rate=f"{rate:,.0f}/s",
+                              description=stage)
         if stage == "chunk":
             self._progress.update(self._tasks["embed"], total=self._counts["chunk"])
 
@@ -69,7 +73,7 @@ class RichProgress:
     def restart(self, text: str) -> None:
         self.console.print(f"[green]{escape(text)}[/]")
         for stage, task in self._tasks.items():
-            self._progress.reset(task, total=None)
+            self._progress.reset(task, total=None, description=stage)
             self._counts[stage] = 0
         self._started = time.perf_counter()
 
@@ -81,6 +85,8 @@ class PlainProgress:
         self._every = every if every is not None else float(
             os.environ.get("SSINDEX_PROGRESS_SECONDS", "10"))
         self._counts = dict.fromkeys(_UNITS, 0)
+        self._rows = "embed"
+        """What the rows past the embed stage went through: ``embed`` or ``write``."""
         self._started = self._last = time.perf_counter()
 
     def __enter__(self) -> PlainProgress:
@@ -91,8 +97,11 @@ class PlainProgress:
             self._line()
 
     def advance(self, stage: str, amount: int = 1) -> None:
-        if stage in self._counts:
-            self._counts[stage] += amount
+        shown = _SHOWN_AS.get(stage, stage)
+        if shown in self._counts:
+            self._counts[shown] += amount
+        if shown == "embed":
+            self._rows = stage
         if time.perf_counter() - self._last >= self._every:
             self._line()
 
@@ -103,6 +112,7 @@ class PlainProgress:
         self._line()
         print(text, file=sys.stderr, flush=True)
         self._counts = dict.fromkeys(_UNITS, 0)
+        self._rows = "embed"
         self._started = self._last = time.perf_counter()
 
     def _line(self) -> None:
@@ -111,7 +121,7 @@ class PlainProgress:
         c = self._counts
         rate = c["embed"] / elapsed if elapsed else 0.0
         print(f"progress: {elapsed:6.0f}s walk {c['walk']} files | chunk {c['chunk']} | "
-              f"embed {c['embed']}/{c['chunk']} ({rate:.1f} chunks/s)", file=sys.stderr,
+              f"{self._rows} {c['embed']}/{c['chunk']} ({rate:.1f} chunks/s)", file=sys.stderr,
               flush=True)
 
 

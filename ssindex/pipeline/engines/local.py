@@ -78,6 +78,7 @@ def _prefetch(items: Iterator[T], depth: int) -> Iterator[T]:
 def run_local(plan: BuildPlan, stats: RunStats, progress: Progress) -> Iterator[pa.RecordBatch]:
     """Yield record batches of the new or changed rows of the index, in path order."""
     clock = stats.clock
+    progress.advance(_counted(plan), 0)
     handed = clock.timed("wait", _prefetch(_produce(plan, stats, progress), depth=8), None)
     encoder = plan.encoder if plan.embeds else None
     embedded = clock.timed("embed", embed(handed, encoder, plan.model_key, stats.embed,
@@ -87,10 +88,17 @@ def run_local(plan: BuildPlan, stats: RunStats, progress: Progress) -> Iterator[
     for batch, codes, scales in clock.timed("quantize", quantize(embedded,
                                                                  plan.config.quantization),
                                             "embed"):
-        progress.advance("embed", len(batch))
+        progress.advance(_counted(plan), len(batch))
         record_batch = to_record_batch(batch, codes, scales, plan.model_key)
         if record_batch is not None:
             yield record_batch
+
+
+def _counted(plan: BuildPlan) -> str:
+    """The stage whose progress a row past the embed stage counts for: a pass that embeds
+    nothing (``--no-embed``, a progressive build's lexical version) writes its rows, and
+    reporting them as embedded showed a lexical pass "embedding" at 1,400 chunks/s."""
+    return "embed" if plan.embeds else "write"
 
 
 def _produce(plan: BuildPlan, stats: RunStats, progress: Progress,
@@ -133,7 +141,7 @@ def _produce(plan: BuildPlan, stats: RunStats, progress: Progress,
 
     replayed, settled = next(clock.timed("dedupe", replay(), "chunk"))
     stats.embed.reused += settled
-    progress.advance("embed", stats.chunk.chunks - len(replayed))
+    progress.advance(_counted(plan), stats.chunk.chunks - len(replayed))
     yield from _rebatch([replayed], plan.batch_chunks)
 
 
