@@ -177,6 +177,9 @@ def test_status_and_doctor_print_their_facts(built: Path) -> None:
         assert any(line.startswith(key) for line in screen.splitlines()), (key, screen)
     piped = run_cli("status", "--index", str(built))
     assert piped.stdout.splitlines()[1].split() == ["files", "3"], piped.stdout
+    facts = dict(line.split(None, 1) for line in piped.stdout.splitlines())
+    assert facts["dense_coverage"] == "1.0" and facts["build"] == "none", piped.stdout
+    assert "{" not in piped.stdout and "None" not in piped.stdout, piped.stdout
 
     code, screen = run_tty("doctor")
     assert code == 0, screen

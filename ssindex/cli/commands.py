@@ -191,8 +191,16 @@ def status(index: IndexOpt = None, as_json: JsonOpt = False) -> None:
     if as_json:
         emit(data)
     else:
+        width = max(map(len, data)) + 2
         for key, value in data.items():
-            Console().print(f"[bold]{key:<14}[/]{escape(str(value))}")
+            Console().print(f"[bold]{key:<{width}}[/]{escape(_plain(value))}")
+
+
+def _plain(value: Any) -> str:
+    """A status value as a person reads it: a mapping as its pairs, nothing as ``none``."""
+    if isinstance(value, dict):
+        return ", ".join(f"{key} {_plain(item)}" for key, item in value.items()) or "none"
+    return "none" if value is None else str(value)
 
 
 @app.command()
