@@ -324,7 +324,7 @@ def test_calibrate_stores_winners_that_doctor_and_auto_use(
     code, screen = run_tty("calibrate")  # as a user sees it; the record is read back below
     assert code == 0 and "Traceback" not in screen, screen
     stored = tmp_path / "calibration.json"
-    assert f"stored in {stored}" in screen, screen
+    assert f"stored in {stored}" in screen and "{" not in screen, screen
     record = json.loads(stored.read_text())
     for phase in ("embed_bulk", "embed_query"):
         assert f"{phase} → {record['phases'][phase]['backend']} (" in screen, screen
@@ -333,6 +333,8 @@ def test_calibrate_stores_winners_that_doctor_and_auto_use(
     timed = {n: f for n, f in record["figures"].items() if "error" not in f}
     assert {"torch-cpu-fp32", "onnx-cpu", "onnx-cpu-int8"} <= timed.keys()
     assert all(f["bulk_chunks_per_s"] > 0 and f["query_ms_p50"] > 0 for f in timed.values())
+    for name, figure in timed.items():
+        assert f"{figure['bulk_chunks_per_s']} chunks/s in bulk" in screen, (name, screen)
     report = cli_json("doctor")
     assert report["calibrated"]["embed_query"]["backend"] == record["phases"]["embed_query"][
         "backend"]

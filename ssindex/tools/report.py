@@ -203,7 +203,12 @@ def calibration_text(record: dict[str, Any]) -> Text:
     were stored."""
     text = Text()
     for name, figure in record["figures"].items():
-        text.append(f"{name:<16}", style="bold").append(f"{figure}\n")
+        text.append(f"{name:<16}", style="bold")
+        if "error" in figure:
+            text.append(f"cannot run here: {figure['error']}\n", style="yellow")
+        else:
+            text.append(f"{figure['bulk_chunks_per_s']:>8} chunks/s in bulk "
+                        f"{figure['query_ms_p50']:>8} ms a query\n")
     for phase, winner in record["phases"].items():
         text.append(phase, style="green").append(
             f" → {winner['backend']} ({winner['figure']})\n")
