@@ -183,6 +183,9 @@ def test_a_progressive_build_is_searchable_before_it_embeds_and_readers_see_whol
     assert stats["first_commit_seconds"] < stats["wall_seconds"]
     assert stats["partial_commits"] >= 2
     assert stats["search_files"] == "revectored"  # the lexical version's postings, linked
+    # the summary counts files against the index before the build, not the lexical version
+    assert stats["files_new"] == stats["files_indexed"] > 0
+    assert stats["files_changed"] == stats["files_removed"] == stats["files_unchanged"] == 0
     assert "searchable now: lexical version of" in err
     assert_same_index(index, reference / ".ssindex")
     assert _size(index) <= 1.1 * _size(reference / ".ssindex")

@@ -193,6 +193,9 @@ def _progressive(job: _Job, no_embed: bool, activity: Activity, started: Started
     result = _commit_once(job, previous, no_embed, Started(), publisher, every_core=cached)
     if publisher is not None:
         publisher.finish()
+    if first is not None:  # counted against the lexical version: against none, all is new
+        result["files_new"] += first["files_new"] - result["files_removed"]
+        result.update(files_changed=0, files_removed=0, files_unchanged=0)
     result["wall_seconds"] = round(time.perf_counter() - started.seconds, 3)
     result["first_commit_seconds"] = first["wall_seconds"] if first else (
         result["wall_seconds"])
