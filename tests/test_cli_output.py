@@ -89,9 +89,6 @@ def test_a_pass_that_embeds_nothing_reports_its_rows_written_not_embedded(
     _clean(screen)
     last = screen.split("ssindex build")[0].rpartition("walk ")[2]  # the final frame
     assert "write" in last and "embed" not in last, screen
-    quiet = run_cli("build", str(tree), "--index", str(tmp_path / "quiet"), "--no-embed",
-                    "--no-progress")
-    assert "progress" not in quiet.stderr and "ssindex build" in quiet.stdout, quiet.stderr
 
 
 def test_check_says_current_or_stale_on_a_terminal_and_piped(built: Path, tree: Path) -> None:

@@ -40,7 +40,8 @@ def build(
     backend: BackendOpt = None,
     as_json: JsonOpt = False,
     no_progress: Annotated[bool, typer.Option(
-        "--no-progress", help="No progress display or lines; warnings still print.")] = False,
+        "--no-progress", help="No live display on a terminal: a plain progress line every "
+        "10 s instead, as in logs (SSINDEX_PROGRESS_SECONDS).")] = False,
     allow_secrets: Annotated[bool, typer.Option(
         "--allow-secrets", help="Index secret files and values as they are (default: skip "
         "key and credential files, redact tokens and passwords).")] = False,
@@ -66,7 +67,6 @@ def build(
     from ssindex.backends.names import parse_overrides
     from ssindex.pipeline.build import build as run_build
     from ssindex.pipeline.plan import RayOptions
-    from ssindex.pipeline.progress import Notices
     from ssindex.tools.options import build_config, engine_options
     from ssindex.tools.report import PlainProgress, RichProgress, summary_table
 
@@ -77,8 +77,8 @@ def build(
         from ssindex.pipeline.build import check as check_index
 
         _report_staleness(check_index(path, index, cfg), as_json)
-    reporter: Any = Notices() if no_progress else (
-        RichProgress(err) if err.is_terminal else PlainProgress())
+    live = err.is_terminal and not no_progress
+    reporter: Any = RichProgress(err) if live else PlainProgress()
     try:
         with reporter:
             stats = run_build(path, index, cfg, parse_overrides(backend or []),

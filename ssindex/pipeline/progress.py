@@ -43,7 +43,7 @@ def _to_stderr(text: str) -> None:
 
 class Notices:
     """Progress reduced to its notices, a fallback or a version committed, each said to
-    ``say`` (stderr by default): ``build --no-progress``, and ``ssindex watch``."""
+    ``say`` (stderr by default): ``ssindex watch``'s builds."""
 
     def __init__(self, say: Callable[[str], None] = _to_stderr) -> None:
         self._say = say
