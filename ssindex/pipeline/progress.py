@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol
 
 from ssindex.index.activity import Activity
 
@@ -35,33 +33,6 @@ class SilentProgress:
 
     def restart(self, text: str) -> None:
         pass
-
-
-def _to_stderr(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
-
-
-class Notices:
-    """Progress reduced to its notices, a fallback or a version committed, each said to
-    ``say`` (stderr by default): ``ssindex watch``'s builds."""
-
-    def __init__(self, say: Callable[[str], None] = _to_stderr) -> None:
-        self._say = say
-
-    def __enter__(self) -> Notices:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        pass
-
-    def advance(self, stage: str, amount: int = 1) -> None:
-        pass
-
-    def message(self, text: str) -> None:
-        self._say(f"warning: {text}")
-
-    def restart(self, text: str) -> None:
-        self._say(text)
 
 
 class Tracked:

@@ -37,7 +37,6 @@ from ssindex.config import BuildConfig
 from ssindex.errors import ConfigError
 from ssindex.index.layout import default_index_path
 from ssindex.pipeline.build import Warm, build
-from ssindex.pipeline.progress import Notices
 from ssindex.stages.walk import IGNORE_FILES, Rules, check_root
 
 _MAX_GROUPING_MS = 5_000
@@ -75,6 +74,22 @@ class Freshness:
         return {"watching": self.watching, "stale_files": self.stale_files,
                 "building": self.building, "builds": self.builds,
                 "last_error": self.last_error}
+
+
+class _Notices:
+    """A build's progress, reduced to its notices (a fallback, a broken stale lock)."""
+
+    def __init__(self, say: Callable[[str], None]) -> None:
+        self._say = say
+
+    def advance(self, stage: str, amount: int = 1) -> None:
+        pass
+
+    def message(self, text: str) -> None:
+        self._say(f"warning: {text}")
+
+    def restart(self, text: str) -> None:
+        self._say(text)
 
 
 def say_on_stderr(text: str) -> None:
@@ -195,7 +210,7 @@ class Watcher:
         started = time.monotonic()
         try:
             stats = build(self.root, self.index, self.cfg, self.overrides,
-                          progress=Notices(self.say), warm=self._warm,
+                          progress=_Notices(self.say), warm=self._warm,
                           committed=self._committed)
         except Exception as exc:  # a failed build must not end the watch: say it, go on
             if self._stop.is_set():  # stopped mid-build: abandoned, not failed
