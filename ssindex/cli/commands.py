@@ -188,6 +188,7 @@ def _format(fmt: str | None, as_json: bool, formats: tuple[str, ...]) -> str:
 def status(index: IndexOpt = None, as_json: JsonOpt = False) -> None:
     """What an index holds and how it was built."""
     from ssindex.index.layout import status_data
+    from ssindex.tools.report import plain
 
     data = status_data(index_for(index))
     if as_json:
@@ -195,14 +196,7 @@ def status(index: IndexOpt = None, as_json: JsonOpt = False) -> None:
     else:
         width = max(map(len, data)) + 2
         for key, value in data.items():
-            Console().print(f"[bold]{key:<{width}}[/]{escape(_plain(value))}")
-
-
-def _plain(value: Any) -> str:
-    """A status value as a person reads it: a mapping as its pairs, nothing as ``none``."""
-    if isinstance(value, dict):
-        return ", ".join(f"{key} {_plain(item)}" for key, item in value.items()) or "none"
-    return "none" if value is None else str(value)
+            Console().print(f"[bold]{key:<{width}}[/]{escape(plain(value))}")
 
 
 @app.command()

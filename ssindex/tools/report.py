@@ -144,7 +144,7 @@ def _secrets_line(stats: dict[str, Any]) -> str:
 
 
 def summary_table(stats: dict[str, Any]) -> Table:
-    skipped = ", ".join(f"{k} {v}" for k, v in stats["files_skipped"].items()) or "none"
+    skipped = plain(stats["files_skipped"])
     bulk = stats["backends"]["embed_bulk"]
     rows = [
         ("files", f"{stats['files_indexed']} indexed of {stats['files_seen']} seen; "
@@ -176,8 +176,7 @@ def doctor_table(report: dict[str, Any]) -> Table:
                 f"{' '.join(hardware['cpu_flags']) or 'none'}"),
         ("CUDA", ", ".join(device["name"] for device in hardware["cuda_devices"]) or "none"),
         ("Apple", f"MPS {hardware['mps']}, Neural Engine {hardware['neural_engine']}"),
-        *((name, ", ".join(f"{key} {_plain(value)}" for key, value in info.items()))
-          for name, info in report["runtimes"].items()),
+        *((name, plain(info)) for name, info in report["runtimes"].items()),
         ("model", report["model"]),
         *_card_rows(report["card"]),
         *report.get("backends", {}).items(),
@@ -226,7 +225,11 @@ def _facts(title: str, rows: list[tuple[str, str]]) -> Table:
     return table
 
 
-def _plain(value: Any) -> str:
+def plain(value: Any) -> str:
+    """A reported value as a person reads it: a mapping as its pairs, a list as its items,
+    nothing as ``none``."""
+    if isinstance(value, dict):
+        return ", ".join(f"{key} {plain(item)}" for key, item in value.items()) or "none"
     if isinstance(value, list):
         return ", ".join(map(str, value)) or "none"
     return "none" if value is None else str(value)
