@@ -4,6 +4,7 @@ incremental builds, and an embedding actor killed mid-batch."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import threading
@@ -19,7 +20,9 @@ from ssindex.codec import dequantize_matrix
 from ssindex.index.layout import IndexDir
 from ssindex.index.table import scan
 from ssindex.pipeline.build import build
+from ssindex.pipeline.engines.ray_driver import _Tallied
 from ssindex.pipeline.plan import RayOptions
+from ssindex.pipeline.progress import SilentProgress
 from ssindex.query.searcher import Searcher
 from ssindex.util.arrays import binary_matrix
 
@@ -139,7 +142,36 @@ def test_ray_build_summary_on_a_terminal_and_piped(tmp_path: Path) -> None:
     for text in (piped.stdout, screen):
         flat = " ".join(text.split())
         assert "Traceback" not in text and "WARN" not in text, text
-        assert "ssindex build" in flat and "Ray actors): chosen on each actor" in flat, flat
+        count = re.search(r"\b(\d+) Ray (actors?)\): chosen on each actor", flat)
+        assert "ssindex build" in flat and count is not None, flat
+        assert count[2] == ("actor" if count[1] == "1" else "actors"), flat
+
+
+class _Recorder(SilentProgress):
+    """Progress as a front end receives it: each stage's advances, in order."""
+
+    def __init__(self) -> None:
+        self.steps: dict[str, list[int]] = {}
+
+    def advance(self, stage: str, amount: int = 1) -> None:
+        self.steps.setdefault(stage, []).append(amount)
+
+
+def test_chunks_and_embeddings_are_reported_as_the_cluster_finishes_them(
+        cluster: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ray Data hands a stage's output over only when all of it is done; the progress
+    a user sees still moves while the tasks and actors work, and sums to the rows."""
+    root = copy_stdlib(tmp_path / "tree", "json")
+    for copy in range(40):  # chunked one by one, embedded once: a chunk stage of many tasks
+        shutil.copy(root / "json" / "decoder.py", root / f"decoder_{copy}.py")
+    monkeypatch.setattr(_Tallied, "POLL_SECONDS", 0.05)
+    recorder = _Recorder()
+    stats = build(root, tmp_path / "index", progress=recorder,
+                  ray=RayOptions(files_per_block=1, rows_per_embed_batch=8))
+    for stage in ("chunk", "embed"):
+        steps = [amount for amount in recorder.steps[stage] if amount]
+        assert sum(steps) == stats["chunks_total"], (stage, steps)
+        assert len(steps) > 1, (stage, steps)
 
 
 def test_near_duplicates_on_different_tasks_are_found(built: dict[str, Any]) -> None:

@@ -129,7 +129,8 @@ def _backend_line(data: dict[str, Any]) -> str:
     report = BackendReport.from_json(data)
     if report.backend is None:  # a rebuild that reused every vector loads no model
         return f"none: {report.reason}"
-    actors = f", {data['embed_actors']} Ray actors" if "embed_actors" in data else ""
+    count = data.get("embed_actors")
+    actors = "" if count is None else f", {count} Ray actor{'' if count == 1 else 's'}"
     return (f"{report.backend} ({report.dtype}{actors}): {report.reason}"
             + (f" [fallback: {report.fallback_reason}]" if report.fallback_reason else ""))
 

@@ -23,8 +23,9 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from typing import Any
 
@@ -46,6 +47,7 @@ from ssindex.pipeline.engines.ray_tasks import (
     PAIRS,
     PARTICIPANT_COLUMNS,
     EmbedActor,
+    Tally,
     attach_verdicts,
     chunk_block,
     copy_exemplar_codes,
@@ -100,8 +102,11 @@ def run_ray(plan: BuildPlan, stats: RunStats, progress: Progress, writer: TableW
         context = ray.data.DataContext.get_current()
         context.print_on_execution_start = False
         logging.getLogger("ray.data").setLevel(logging.ERROR)
-        return _Run(ray, plan, stats, progress, previous, model, options).execute(
-            writer, explicit)
+        run = _Run(ray, plan, stats, progress, previous, model, options)
+        try:
+            return run.execute(writer, explicit)
+        finally:
+            ray.kill(run.tally)
 
 
 class _Run:
@@ -112,6 +117,7 @@ class _Run:
         self.cfg = plan.config
         self.encode = EncodeStats()
         self.resources = ray.cluster_resources()
+        self.tally = ray.remote(num_cpus=0)(Tally).remote()
 
     def execute(self, writer: TableWriter, explicit: str | None,
                 ) -> tuple[int, BackendReport, EncodeStats]:
@@ -140,6 +146,10 @@ class _Run:
             [BackendReport.from_json(json.loads(chosen)) for chosen in sorted(backends)],
             {"embed_actors": actors, "cpus_per_actor": cpus, "gpus_per_actor": gpus})
         return version, report, self.encode
+
+    def _tallied(self, stage: str, limit: int | None = None) -> _Tallied:
+        return _Tallied(self.progress, stage,
+                        lambda: int(self.ray.get(self.tally.done.remote(stage))), limit)
 
     def _write_nothing(self, writer: TableWriter, started: float, reason: str,
                        ) -> tuple[int, BackendReport, EncodeStats]:
@@ -186,12 +196,15 @@ class _Run:
         """Chunk rows of the changed files (``None`` when no file changed)."""
         data = self.ray.data
         manifest = self.stats.manifest
+        reported = self._tallied("chunk")
         if blocks:
-            files = data.from_arrow(blocks).map_batches(
-                chunk_block, batch_format="pyarrow", batch_size=None,
-                fn_kwargs={"chunk_cfg": asdict(self.cfg.chunk),
-                           "dedupe_cfg": asdict(self.cfg.dedupe),
-                           "model": self.model.arguments}).materialize()
+            with reported:
+                files = data.from_arrow(blocks).map_batches(
+                    chunk_block, batch_format="pyarrow", batch_size=None,
+                    fn_kwargs={"chunk_cfg": asdict(self.cfg.chunk),
+                               "dedupe_cfg": asdict(self.cfg.dedupe),
+                               "model": self.model.arguments,
+                               "tally": self.tally}).materialize()
             columns = ["file_ordinal", "chunker", "chunk_ids"]
             for batch in files.select_columns(columns).iter_batches(batch_format="pyarrow",
                                                                     batch_size=None):
@@ -206,7 +219,7 @@ class _Run:
         self.stats.chunk.files = len(manifest)
         self.stats.chunk.chunks = sum(len(entry["chunk_ids"]) for entry in manifest)
         self.stats.row_ids.update(i for entry in manifest for i in entry["chunk_ids"])
-        self.progress.advance("chunk", self.stats.chunk.chunks)
+        self.progress.advance("chunk", reported.rest(self.stats.chunk.chunks))
         return rows
 
     def _dedupe(self, rows: Any | None, stored: list[dict[str, Any]],
@@ -268,17 +281,18 @@ class _Run:
                  previous.head.quantization) if previous and previous.vectors_reusable else None
         if explicit:  # a backend the actors cannot run fails here, as a local build's does
             self._preflight(explicit, cpus_per_actor, gpus_per_actor)
-        embedded = rows.map_batches(
-            EmbedActor, batch_format="pyarrow", num_cpus=cpus_per_actor,
-            compute=self.ray.data.ActorPoolStrategy(size=actors),
-            num_gpus=gpus_per_actor or None, batch_size=self.options.rows_per_embed_batch,
-            fn_constructor_kwargs={
-                "model": self.model.arguments,
-                "batch_tokens": self.cfg.embed.batch_tokens, "explicit": explicit,
-                "model_key": self.plan.model_key, "quantization": self.cfg.quantization,
-                "previous": reuse},
-            runtime_env={"env_vars": {"OMP_NUM_THREADS": str(int(cpus_per_actor))}},
-        ).materialize()
+        with self._tallied("embed", self.stats.chunk.chunks) as reported:
+            embedded = rows.map_batches(
+                EmbedActor, batch_format="pyarrow", num_cpus=cpus_per_actor,
+                compute=self.ray.data.ActorPoolStrategy(size=actors),
+                num_gpus=gpus_per_actor or None, batch_size=self.options.rows_per_embed_batch,
+                fn_constructor_kwargs={
+                    "model": self.model.arguments,
+                    "batch_tokens": self.cfg.embed.batch_tokens, "explicit": explicit,
+                    "model_key": self.plan.model_key, "quantization": self.cfg.quantization,
+                    "previous": reuse, "tally": self.tally},
+                runtime_env={"env_vars": {"OMP_NUM_THREADS": str(int(cpus_per_actor))}},
+            ).materialize()
         backends: set[str] = set()
         for batch in embedded.select_columns([name for name, _ in ACTOR_COLUMNS]).iter_batches(
                 batch_format="pyarrow", batch_size=None):
@@ -290,7 +304,7 @@ class _Run:
                 total = getattr(self.encode, name) + int(pc.sum(batch[f"_{name}"]).as_py() or 0)
                 setattr(self.encode, name, total)
             self.encode.texts += fresh
-        self.progress.advance("embed", self.stats.chunk.chunks)
+        self.progress.advance("embed", reported.rest(self.stats.chunk.chunks))
         return embedded.drop_columns([name for name, _ in ACTOR_COLUMNS]).materialize(), backends
 
     def _preflight(self, explicit: str, cpus: float, gpus: float) -> None:
@@ -327,6 +341,45 @@ class _Run:
                                       fn_kwargs={"uri": uri}).take_all()
         writer.rows_written = sum(row["rows"] for row in written)
         return writer.commit_fragments([row["fragment"] for row in written])
+
+
+class _Tallied:
+    """A stage's rows reported as the cluster finishes them, not all at its end: a
+    thread polls ``done`` (the rows a ``Tally`` actor was told of) while the driver
+    waits for the stage. ``shown`` is what was reported, at most ``limit``."""
+
+    POLL_SECONDS = 1.0
+
+    def __init__(self, progress: Progress, stage: str, done: Callable[[], int],
+                 limit: int | None = None) -> None:
+        self.progress, self.stage, self.done, self.limit = progress, stage, done, limit
+        self.shown = 0
+        self._stop = threading.Event()
+        self._poller = threading.Thread(target=self._poll, name="ssindex-tally", daemon=True)
+
+    def __enter__(self) -> _Tallied:
+        self._poller.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._poller.join()
+
+    def rest(self, total: int) -> int:
+        """What is left to report of the stage's ``total`` rows."""
+        return max(total - self.shown, 0)
+
+    def _poll(self) -> None:
+        while not self._stop.wait(self.POLL_SECONDS):
+            try:
+                done = self.done()
+            except Exception:  # progress only: the stage's own wait raises what failed
+                return
+            # a retried task adds its rows again: never past the stage's rows
+            done = done if self.limit is None else min(done, self.limit)
+            if done > self.shown:
+                self.progress.advance(self.stage, done - self.shown)
+                self.shown = done
 
 
 def _union(datasets: list[Any]) -> Any:

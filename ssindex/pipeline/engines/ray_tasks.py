@@ -53,10 +53,26 @@ FILE_BLOCK = pa.schema([
 ])
 
 
+class Tally:
+    """Rows the cluster's tasks and actors have finished, by stage, for the driver's
+    progress (a Ray actor): Ray Data hands a stage's output over only when all of it
+    is done."""
+
+    def __init__(self) -> None:
+        self._done: dict[str, int] = {}
+
+    def add(self, stage: str, amount: int) -> None:
+        self._done[stage] = self._done.get(stage, 0) + amount
+
+    def done(self, stage: str) -> int:
+        return self._done.get(stage, 0)
+
+
 def chunk_block(files: pa.Table, chunk_cfg: dict[str, Any], dedupe_cfg: dict[str, Any],
-                model: dict[str, Any]) -> pa.Table:
+                model: dict[str, Any], tally: Any = None) -> pa.Table:
     """Chunk and sign a block of files: one row per file, its chunks nested, fitted to
-    the window of ``model`` (``ModelSpec.arguments``)."""
+    the window of ``model`` (``ModelSpec.arguments``); the chunks are added to ``tally``
+    (a ``Tally`` actor's handle)."""
     cfg, sign = ChunkConfig(**chunk_cfg), _signer(DedupeConfig(**dedupe_cfg))
     window = _window(tuple(sorted(model.items())))
     out: dict[str, list[Any]] = {"file_ordinal": [], "chunker": [], "chunk_ids": [],
@@ -72,6 +88,8 @@ def chunk_block(files: pa.Table, chunk_cfg: dict[str, Any], dedupe_cfg: dict[str
                                "minhash": signature, "dup_of": None}
                               for position, (c, signature) in enumerate(zip(
                                   chunks, signatures, strict=True))])
+    if tally is not None:
+        tally.add.remote("chunk", sum(map(len, out["chunk_ids"])))
     return pa.table(out, schema=pa.schema([
         ("file_ordinal", pa.int64()), ("chunker", pa.string()),
         ("chunk_ids", pa.list_(pa.string())), ("chunks", pa.list_(pa.struct(CHUNK_ROW)))]))
@@ -195,11 +213,13 @@ def preflight(model: dict[str, Any], explicit: str) -> dict[str, str]:
 
 
 class EmbedActor:
-    """Embeds and quantizes exemplar chunks; the model is loaded once per actor."""
+    """Embeds and quantizes exemplar chunks; the model is loaded once per actor. Each
+    batch's rows, duplicates included, are added to ``tally`` (a ``Tally`` actor's
+    handle)."""
 
     def __init__(self, model: dict[str, Any], batch_tokens: int, explicit: str | None,
                  model_key: str, quantization: Quantization,
-                 previous: tuple[str, int, Quantization] | None) -> None:
+                 previous: tuple[str, int, Quantization] | None, tally: Any = None) -> None:
         spec = ModelSpec.resolve(**model)  # ModelSpec.arguments
         self.selection = select("embed_bulk", spec, explicit)
         self._report = json.dumps(self.selection.as_json())
@@ -209,6 +229,7 @@ class EmbedActor:
         if previous is not None:
             path, version, method = previous
             self.previous = (IndexDir(Path(path)).open_table(version), method)
+        self.tally = tally
 
     def reuse(self, keys: list[str]) -> dict[str, np.ndarray]:
         """Vectors of these embed keys in the previous index (renamed and copied code)."""
@@ -224,7 +245,13 @@ class EmbedActor:
     def __call__(self, rows: pa.Table) -> pa.Table:
         # duplicates are filtered here, not by an upstream task: on a small cluster the
         # pool can hold every CPU, and an upstream task would then wait forever
-        rows = select_rows(rows, duplicates=False)
+        records = self._embedded(select_rows(rows, duplicates=False))
+        if self.tally is not None:
+            self.tally.add.remote("embed", rows.num_rows)
+        return records
+
+    def _embedded(self, rows: pa.Table) -> pa.Table:
+        """The records of ``rows`` (exemplars), with the columns of ``ACTOR_COLUMNS``."""
         if rows.num_rows == 0:
             return _EMBEDDED.empty_table()
         batch = _indexed(rows)
