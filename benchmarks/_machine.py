@@ -31,16 +31,24 @@ def gemm_peak(dtype: Any, device: str = "cpu", size: int = 2048, repeats: int = 
     """Median FLOP/s of a size³ matmul in ``dtype`` (a torch dtype) on ``device``."""
     import torch
 
+    gpu = device == "cuda"
     a, b = (torch.randn(size, size, dtype=dtype, device=device) for _ in range(2))
-    for _ in range(3):  # warm-up: kernel selection, and a GPU's clocks
+    # warm-up: kernel selection; a GPU's clocks rise only after a while of work
+    warm_until = time.perf_counter() + (0.5 if gpu else 0.0)
+    for _ in range(3):
         torch.matmul(a, b)
+    while time.perf_counter() < warm_until:
+        torch.matmul(a, b)
+        torch.cuda.synchronize()
+    per_sample = 20 if gpu else 1  # one GPU matmul takes ~1 ms: too short to time alone
     times = []
     for _ in range(repeats):
-        if device == "cuda":
+        if gpu:
             torch.cuda.synchronize()
         started = time.perf_counter()
-        torch.matmul(a, b)
-        if device == "cuda":
+        for _ in range(per_sample):
+            torch.matmul(a, b)
+        if gpu:
             torch.cuda.synchronize()
-        times.append(time.perf_counter() - started)
+        times.append((time.perf_counter() - started) / per_sample)
     return 2 * size**3 / statistics.median(times)

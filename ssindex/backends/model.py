@@ -15,8 +15,6 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-import xxhash
-
 from ssindex.backends.card import ModelCard, read_card
 from ssindex.errors import ConfigError
 from ssindex.util.dirs import cache_dir
@@ -97,6 +95,8 @@ class ModelSpec:
         every cold search, so the hash is remembered in the cache directory under
         the files' size, mtime, ctime and inode (what git trusts to skip rehashing;
         a rewrite of a file changes its ctime)."""
+        import xxhash  # here: the GPU check imports this module where xxhash is missing
+
         files = [self.path / name for name in sorted(os.listdir(self.path))
                  if name.endswith((".safetensors", ".json", ".txt"))]
         files = [file for file in files if file.is_file()]
@@ -123,6 +123,8 @@ class ModelSpec:
     def card_key(self) -> str:
         """The identity of the network the card describes: the model's files and its
         card (pooling, prompts, window, Dense weights); what an export is cached under."""
+        import xxhash
+
         digest = xxhash.xxh3_128()
         digest.update(repr((self.fingerprint, self.card.as_json())).encode())
         for module in self.card.modules:

@@ -268,6 +268,10 @@ class OnnxBackend:
         self.device = provider
         self.dtype = "int8 weights" if int8_weights else "fp32"
         self.batch_tokens = DEFAULT_BATCH_TOKENS
+        import onnxruntime as ort
+
+        if PROVIDERS[provider] not in ort.get_available_providers():  # before exporting
+            raise BackendUnavailable(f"this onnxruntime build has no {PROVIDERS[provider]}")
         graph = export_int8_weights(model) if int8_weights else export_onnx(model)
         self._session = _session(graph, provider)
 

@@ -129,8 +129,10 @@ class TorchBackend:
             return lambda: computed
         torch = self._torch
         pooled = self._run(self._module_for(input_ids), input_ids, attention_mask)
-        host = torch.empty(pooled.shape, dtype=torch.float32, pin_memory=self.pinned)
-        host.copy_(pooled, non_blocking=self.pinned)
+        if not self.pinned:  # a copy to pageable memory waits for the pass: when asked
+            return lambda: pooled.cpu().numpy()
+        host = torch.empty(pooled.shape, dtype=torch.float32, pin_memory=True)
+        host.copy_(pooled, non_blocking=True)
         done = torch.cuda.Event()
         done.record()
 
