@@ -14,11 +14,11 @@ There (needs torch, transformers, tokenizers, safetensors, numpy and pyarrow):
 Reports the worst cosine against the fp32 reference, the tokenizer's rate, and for the
 embed stage on pre-tokenized chunks (as the build's workers hand them over): chunks/s
 and the fraction of the measured bf16 GEMM peak, with each pipelining choice (pinned
-buffers, one batch in flight, the token budget, chunks per call, ``torch.compile``)
-turned on and off in the same run. ``--cpu-side-per-worker R`` (chunks/s of one
-worker, from ``pipeline_throughput.py``) adds the projected whole-stdlib build on this
-machine. ``--device cpu --limit 300`` rehearses it here. Each figure is written to
-``--out`` as soon as it is measured.
+buffers, one batch in flight, the token budget, chunks per call, ``torch.compile``,
+masks made ready for SDPA) turned on and off in the same run. ``--cpu-side-per-worker R``
+(chunks/s of one worker, from ``pipeline_throughput.py``) adds the projected whole-stdlib
+build on this machine. ``--device cpu --limit 300`` rehearses it here. Each figure is
+written to ``--out`` as soon as it is measured.
 """
 
 from __future__ import annotations
@@ -139,16 +139,18 @@ def embed_rate(encoder: Encoder, tokens: list[Tokens], peak: float, config: dict
 
 @contextlib.contextmanager
 def settings(encoder: Encoder, pinned: bool, overlap: bool, batch_tokens: int,
-             ) -> Iterator[None]:
-    """The pipelining choices in force inside the block; the defaults after it."""
+             host_masks: bool = True) -> Iterator[None]:
+    """The pipelining choices in force inside the block; the defaults after it
+    (``host_masks`` only turns masks made ready for SDPA off where they are on)."""
     backend: Any = encoder.backend
-    defaults = (backend.pinned, encoder.overlap, encoder.batch_tokens)
+    defaults = (backend.pinned, encoder.overlap, encoder.batch_tokens, backend.host_masks)
     backend.pinned, encoder.overlap = pinned, overlap
     encoder.batch_tokens = batch_tokens or defaults[2]
+    backend.host_masks = host_masks and defaults[3]
     try:
         yield
     finally:
-        backend.pinned, encoder.overlap, encoder.batch_tokens = defaults
+        backend.pinned, encoder.overlap, encoder.batch_tokens, backend.host_masks = defaults
 
 
 def tokenizer_rate(encoder: Encoder, texts: list[str]) -> dict[str, float]:
@@ -205,6 +207,7 @@ def check(texts_file: Path, model_dir: Path, device: str, limit: int, out: Path 
     encoder = Encoder(backend, model)
     report.put("backend", {"name": backend.name, "batch_tokens": backend.batch_tokens,
                            "attention": backend._module.config._attn_implementation,
+                           "host_masks": backend.host_masks,
                            "load_seconds": round(time.perf_counter() - started, 2)})
     reference = np.frombuffer(base64.b64decode(payload["reference"]), dtype="<f4")
     reference = reference.reshape(-1, model.dim)[: len(texts)]
@@ -217,9 +220,10 @@ def check(texts_file: Path, model_dir: Path, device: str, limit: int, out: Path 
     config = model.config
 
     def rate(pinned: bool = True, overlap: bool = True, batch_tokens: int = 0,
-             call_chunks: int = CALL_CHUNKS) -> Callable[[], dict[str, float]]:
+             call_chunks: int = CALL_CHUNKS, host_masks: bool = True,
+             ) -> Callable[[], dict[str, float]]:
         def measure() -> dict[str, float]:
-            with settings(encoder, pinned, overlap, batch_tokens):
+            with settings(encoder, pinned, overlap, batch_tokens, host_masks):
                 return embed_rate(encoder, tokens, peak, config, call_chunks)
         return measure
 
@@ -227,6 +231,8 @@ def check(texts_file: Path, model_dir: Path, device: str, limit: int, out: Path 
     report.attempt("embed_pinned_off", rate(pinned=False))
     report.attempt("embed_overlap_off", rate(overlap=False))
     report.attempt("embed_pinned_and_overlap_off", rate(pinned=False, overlap=False))
+    if backend.host_masks:  # transformers' masks instead: a host sync per batch
+        report.attempt("embed_host_masks_off", rate(host_masks=False))
     for budget in (65_536, 1_048_576):
         report.attempt(f"embed_budget_{budget}", rate(batch_tokens=budget))
     for call_chunks in (256, 1024, len(tokens)):

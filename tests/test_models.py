@@ -18,7 +18,7 @@ from ssindex.backends.base import Encoder
 from ssindex.backends.counter import TokenCounter
 from ssindex.backends.model import ModelSpec
 from ssindex.backends.onnx_backend import OnnxBackend
-from ssindex.backends.torch_backend import TorchBackend
+from ssindex.backends.torch_backend import SDPA_MASKED, TorchBackend
 from ssindex.config import BuildConfig, ChunkConfig, EmbedConfig
 from ssindex.errors import ConfigError
 from ssindex.pipeline.build import build
@@ -101,6 +101,22 @@ def test_onnx_agrees_with_torch_per_architecture(tmp_path: Path, architecture: s
     onnx_vectors = Encoder(OnnxBackend(spec), spec).encode(TEXTS)
     assert torch_vectors.shape == (len(TEXTS), 24)
     assert float((torch_vectors * onnx_vectors).sum(1).min()) >= 0.999
+
+
+@pytest.mark.parametrize("architecture", sorted(SDPA_MASKED))
+def test_masks_made_ready_for_sdpa_give_the_vectors_of_transformers_masks(
+        tmp_path: Path, architecture: str) -> None:
+    """On CUDA the mask goes to these models ready for SDPA (no host sync per batch);
+    checked here on the CPU, on a padded batch and on one without padding."""
+    spec = ModelSpec.resolve(make_model(tmp_path / architecture, architecture))
+    backend = TorchBackend(spec, "cpu", "fp32")
+    assert not backend.host_masks  # on the CPU, transformers' own masks
+    encoder = Encoder(backend, spec)
+    padded, whole = TEXTS, [TEXTS[1]] * 3
+    expected = [encoder.encode(texts) for texts in (padded, whole)]
+    backend.host_masks = True
+    for texts, vectors in zip((padded, whole), expected, strict=True):
+        assert np.allclose(encoder.encode(texts), vectors, atol=1e-6), architecture
 
 
 def test_a_model_saved_in_bf16_runs_in_float32_on_the_fp32_backends(tmp_path: Path) -> None:

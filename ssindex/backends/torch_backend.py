@@ -31,6 +31,10 @@ GPU_BATCH_TOKENS = 262_144
 """The most tokens of one GPU forward pass, less on a GPU with little memory."""
 GPU_BYTES_PER_TOKEN = 64 << 10
 """Device memory a token of a forward pass may take (activations, with headroom)."""
+SDPA_MASKED = frozenset({"albert", "bert", "distilbert", "electra", "roberta", "xlm-roberta"})
+"""Architectures that take their attention mask ready for SDPA (``host_masks``): each
+gives the vectors of transformers' own mask (``tests/test_models.py``). Not ModernBERT,
+whose local attention lives in the mask transformers builds."""
 
 
 def load_torch_model(model: ModelSpec, device: str, dtype: Any | None = None,
@@ -83,6 +87,11 @@ class TorchBackend:
         """On CUDA, whether batches travel through pinned (page-locked) host memory,
         which lets their copies run asynchronously (``benchmarks/gpu_check.py``
         measures both)."""
+        self.host_masks = device.startswith("cuda") and _takes_sdpa_masks(self._module)
+        """Whether the model gets its mask ready for SDPA: boolean per key, or none where
+        nothing is padded, which is known here. Given the 0/1 mask, transformers asks
+        the device whether it hides anything: a host sync per batch, which holds back
+        the next batch's launch. On CUDA, for ``SDPA_MASKED`` models (transformers 5)."""
 
     @property
     def compiled(self) -> bool:
@@ -160,9 +169,21 @@ class TorchBackend:
         model_mask: Any = mask
         if self.device == "mps":
             model_mask = ((1 - mask[:, None, None, :].half()) * MPS_MASK_FILL).half()
+        elif self.host_masks:
+            model_mask = None if attention_mask.all() else mask[:, None, None, :].bool()
         with torch.inference_mode():
             hidden = module(input_ids=ids, attention_mask=model_mask).last_hidden_state
             return self._head(hidden, mask).float()
+
+
+def _takes_sdpa_masks(module: Any) -> bool:
+    """Whether ``module`` runs SDPA attention under transformers' mask functions, which
+    pass a 4-d mask through as it is (transformers 5; 4.x rejects it)."""
+    import transformers
+
+    config = module.config
+    return (int(transformers.__version__.split(".")[0]) >= 5 and config.model_type in SDPA_MASKED
+            and config._attn_implementation == "sdpa")
 
 
 def _batch_tokens(torch: Any, device: str, precision: str) -> int:
