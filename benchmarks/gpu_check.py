@@ -153,17 +153,17 @@ def settings(encoder: Encoder, pinned: bool, overlap: bool, batch_tokens: int,
         backend.pinned, encoder.overlap, encoder.batch_tokens, backend.host_masks = defaults
 
 
-def tokenizer_rate(encoder: Encoder, texts: list[str]) -> dict[str, float]:
+def tokenizer_rate(encoder: Encoder, texts: list[str]) -> tuple[dict[str, float], list[Tokens]]:
     """Chunks/s of the tokenizer on one thread (as ssindex runs it in each worker) and
-    on all of them (``TOKENIZERS_PARALLELISM``, read by each call)."""
+    on all of them (``TOKENIZERS_PARALLELISM``, read by each call), and the tokens."""
     rates = {}
     for threads, parallel in (("one_thread", "false"), ("all_threads", "true")):
         os.environ["TOKENIZERS_PARALLELISM"] = parallel
         started = time.perf_counter()
-        encoder.tokenize(texts)
+        tokens = encoder.tokenize(texts)
         rates[f"chunks_per_s_{threads}"] = round(len(texts) / (time.perf_counter() - started), 1)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    return rates
+    return rates, tokens
 
 
 def projection(figures: dict[str, Any], per_worker: float, cores: int,
@@ -213,8 +213,8 @@ def check(texts_file: Path, model_dir: Path, device: str, limit: int, out: Path 
     reference = reference.reshape(-1, model.dim)[: len(texts)]
     vectors = encoder.encode(texts[: len(reference)])
     report.put("min_cosine_vs_cpu_fp32", round(float((vectors * reference).sum(1).min()), 5))
-    report.put("tokenizer", tokenizer_rate(encoder, texts))
-    tokens = encoder.tokenize(texts)
+    rates, tokens = tokenizer_rate(encoder, texts)
+    report.put("tokenizer", rates)
     report.put("chunks", {"count": len(tokens), "mean_tokens": round(
         statistics.mean(len(t.ids) for t in tokens), 1)})
     config = model.config
