@@ -105,8 +105,9 @@ def run_ray(plan: BuildPlan, stats: RunStats, progress: Progress, writer: TableW
         run = _Run(ray, plan, stats, progress, previous, model, options)
         try:
             return run.execute(writer, explicit)
-        finally:
-            ray.kill(run.tally)
+        finally:  # the tally goes with its driver anyway: never hide the build's own error
+            with contextlib.suppress(Exception):
+                ray.kill(run.tally)
 
 
 class _Run:
