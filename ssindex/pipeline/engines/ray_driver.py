@@ -21,6 +21,7 @@ input block, so a retried block yields the same rows.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import threading
@@ -105,9 +106,8 @@ def run_ray(plan: BuildPlan, stats: RunStats, progress: Progress, writer: TableW
         run = _Run(ray, plan, stats, progress, previous, model, options)
         try:
             return run.execute(writer, explicit)
-        finally:  # the tally goes with its driver anyway: never hide the build's own error
-            with contextlib.suppress(Exception):
-                ray.kill(run.tally)
+        finally:
+            run.close()
 
 
 class _Run:
@@ -118,7 +118,19 @@ class _Run:
         self.cfg = plan.config
         self.encode = EncodeStats()
         self.resources = ray.cluster_resources()
-        self.tally = ray.remote(num_cpus=0)(Tally).remote()
+
+    @functools.cached_property
+    def tally(self) -> Any:
+        """The ``Tally`` actor the stages report to: started by the first stage that sends
+        work out (a rebuild with nothing changed starts none)."""
+        return self.ray.remote(num_cpus=0)(Tally).remote()
+
+    def close(self) -> None:
+        """Stop the tally, if a stage started one. It would go with the driver anyway, so
+        a failure here never hides the build's own error."""
+        if "tally" in vars(self):  # a cached_property is stored once read
+            with contextlib.suppress(Exception):
+                self.ray.kill(self.tally)
 
     def execute(self, writer: TableWriter, explicit: str | None,
                 ) -> tuple[int, BackendReport, EncodeStats]:
