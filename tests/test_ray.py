@@ -20,7 +20,7 @@ from ssindex.codec import dequantize_matrix
 from ssindex.index.layout import IndexDir
 from ssindex.index.table import scan
 from ssindex.pipeline.build import build
-from ssindex.pipeline.engines.ray_driver import _Tallied
+from ssindex.pipeline.engines.tally import Tallied
 from ssindex.pipeline.plan import RayOptions
 from ssindex.pipeline.progress import SilentProgress
 from ssindex.query.searcher import Searcher
@@ -164,7 +164,7 @@ def test_chunks_and_embeddings_are_reported_as_the_cluster_finishes_them(
     root = copy_stdlib(tmp_path / "tree", "json")
     for copy in range(40):  # chunked one by one, embedded once: a chunk stage of many tasks
         shutil.copy(root / "json" / "decoder.py", root / f"decoder_{copy}.py")
-    monkeypatch.setattr(_Tallied, "POLL_SECONDS", 0.05)
+    monkeypatch.setattr(Tallied, "POLL_SECONDS", 0.05)
     recorder = _Recorder()
     stats = build(root, tmp_path / "index", progress=recorder,
                   ray=RayOptions(files_per_block=1, rows_per_embed_batch=8))

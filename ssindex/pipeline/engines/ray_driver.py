@@ -24,9 +24,8 @@ import contextlib
 import functools
 import json
 import logging
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import asdict
 from typing import Any
 
@@ -48,7 +47,6 @@ from ssindex.pipeline.engines.ray_tasks import (
     PAIRS,
     PARTICIPANT_COLUMNS,
     EmbedActor,
-    Tally,
     attach_verdicts,
     chunk_block,
     copy_exemplar_codes,
@@ -59,6 +57,7 @@ from ssindex.pipeline.engines.ray_tasks import (
     select_rows,
     write_fragments,
 )
+from ssindex.pipeline.engines.tally import Tallied, Tally
 from ssindex.pipeline.plan import BuildPlan, RayOptions
 from ssindex.pipeline.previous import PreviousIndex
 from ssindex.pipeline.progress import Progress
@@ -160,8 +159,8 @@ class _Run:
             {"embed_actors": actors, "cpus_per_actor": cpus, "gpus_per_actor": gpus})
         return version, report, self.encode
 
-    def _tallied(self, stage: str, limit: int | None = None) -> _Tallied:
-        return _Tallied(self.progress, stage,
+    def _tallied(self, stage: str, limit: int | None = None) -> Tallied:
+        return Tallied(self.progress, stage,
                         lambda: int(self.ray.get(self.tally.done.remote(stage))), limit)
 
     def _write_nothing(self, writer: TableWriter, started: float, reason: str,
@@ -354,45 +353,6 @@ class _Run:
                                       fn_kwargs={"uri": uri}).take_all()
         writer.rows_written = sum(row["rows"] for row in written)
         return writer.commit_fragments([row["fragment"] for row in written])
-
-
-class _Tallied:
-    """A stage's rows reported as the cluster finishes them, not all at its end: a
-    thread polls ``done`` (the rows a ``Tally`` actor was told of) while the driver
-    waits for the stage. ``shown`` is what was reported, at most ``limit``."""
-
-    POLL_SECONDS = 1.0
-
-    def __init__(self, progress: Progress, stage: str, done: Callable[[], int],
-                 limit: int | None = None) -> None:
-        self.progress, self.stage, self.done, self.limit = progress, stage, done, limit
-        self.shown = 0
-        self._stop = threading.Event()
-        self._poller = threading.Thread(target=self._poll, name="ssindex-tally", daemon=True)
-
-    def __enter__(self) -> _Tallied:
-        self._poller.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._poller.join()
-
-    def rest(self, total: int) -> int:
-        """What is left to report of the stage's ``total`` rows."""
-        return max(total - self.shown, 0)
-
-    def _poll(self) -> None:
-        while not self._stop.wait(self.POLL_SECONDS):
-            try:
-                done = self.done()
-            except Exception:  # progress only: the stage's own wait raises what failed
-                return
-            # a retried task adds its rows again: never past the stage's rows
-            done = done if self.limit is None else min(done, self.limit)
-            if done > self.shown:
-                self.progress.advance(self.stage, done - self.shown)
-                self.shown = done
 
 
 def _union(datasets: list[Any]) -> Any:

@@ -53,21 +53,6 @@ FILE_BLOCK = pa.schema([
 ])
 
 
-class Tally:
-    """Rows the cluster's tasks and actors have finished, by stage, for the driver's
-    progress (a Ray actor): Ray Data hands a stage's output over only when all of it
-    is done."""
-
-    def __init__(self) -> None:
-        self._done: dict[str, int] = {}
-
-    def add(self, stage: str, amount: int) -> None:
-        self._done[stage] = self._done.get(stage, 0) + amount
-
-    def done(self, stage: str) -> int:
-        return self._done.get(stage, 0)
-
-
 def chunk_block(files: pa.Table, chunk_cfg: dict[str, Any], dedupe_cfg: dict[str, Any],
                 model: dict[str, Any], tally: Any = None) -> pa.Table:
     """Chunk and sign a block of files: one row per file, its chunks nested, fitted to
