@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 import pytest
 
 from ssindex import build
-from ssindex.config import BuildConfig, CommitConfig
+from ssindex.config import BuildConfig, CommitConfig, EmbedConfig
 from ssindex.index.layout import IndexDir
 from ssindex.index.table import scan
 from ssindex.pipeline.publication import Publisher
@@ -248,3 +248,43 @@ def test_a_build_killed_after_its_first_commit_stays_searchable_and_resumes(
     assert resumed["chunks_embedded"] + resumed["chunks_reused"] == exemplars
     assert_same_index(index, reference / ".ssindex")
     shutil.rmtree(root)
+
+
+def test_a_large_build_embeds_in_wide_calls_and_resumes_to_the_same_vectors(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A build with ``COMPILE_MIN_CHUNKS`` to embed hands the encoder several batches at
+    once (``LARGE_CALL_CHUNKS``), and a text's vector depends on its call in the last
+    bits. So a build interrupted after a partial version must meet the same calls when it
+    resumes, and finish as the index of a build never interrupted."""
+    monkeypatch.setattr("ssindex.pipeline.encoder.COMPILE_MIN_CHUNKS", 1)
+    monkeypatch.setattr("ssindex.pipeline.encoder.LARGE_CALL_CHUNKS", 300)
+    config = BuildConfig(commit=CommitConfig(every_chunks=150, every_seconds=1000, min_files=0),
+                         embed=EmbedConfig(compile="never"))
+    calls: list[int] = []
+    add, publish = Publisher.add, Publisher.publish
+
+    def counted(self: Publisher, keys: list[str], vectors: Any, publish: bool = True) -> None:
+        calls.append(len(keys))
+        add(self, keys, vectors, publish)
+
+    monkeypatch.setattr(Publisher, "add", counted)
+    whole = _tree(tmp_path / "whole")
+    done = build(whole, config=config)
+    assert len(calls) >= 2 and min(calls[:-1]) >= 300  # whole batches of 256, two a call
+    assert done["partial_commits"] >= 1
+
+    def interrupted(self: Publisher) -> None:
+        if self.commits:
+            raise KeyboardInterrupt  # after the second call's vectors were checkpointed
+        publish(self)
+
+    monkeypatch.setattr(Publisher, "publish", interrupted)
+    tree = _tree(tmp_path / "resumed")
+    with pytest.raises(KeyboardInterrupt):
+        build(tree, config=config)
+    monkeypatch.setattr(Publisher, "publish", publish)
+    resumed = build(tree, config=config)
+    exemplars = resumed["chunks_total"] - resumed["chunks_deduplicated"]
+    assert resumed["chunks_reused"] == sum(calls[:2])
+    assert resumed["chunks_embedded"] + resumed["chunks_reused"] == exemplars
+    assert_same_index(tree / ".ssindex", whole / ".ssindex")

@@ -307,7 +307,8 @@ def _plan(job: _Job, previous: PreviousIndex | None, diffed: bool, no_embed: boo
                      workers=cfg.workers or default_workers(_gpu_embeds(explicit),
                                                             embeds=not (no_embed or
                                                                         every_core)),
-                     embeds=not no_embed, near_duplicates=near)
+                     embeds=not no_embed, near_duplicates=near,
+                     call_chunks=encoder.call_chunks)
     return plan, encoder, staging
 
 

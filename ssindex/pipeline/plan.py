@@ -51,6 +51,9 @@ class BuildPlan:
     """Called when an incremental build meets each new or changed file."""
     batch_chunks: int = 256
     """Chunks per batch between dedupe and write."""
+    call_chunks: int = 0
+    """Chunks the embed stage hands the encoder at once, in whole batches (0: a batch at a
+    time; ``pipeline.encoder.LARGE_CALL_CHUNKS`` in a large build)."""
     workers: int = 1
     """Processes of the CPU side (``engines.pool``); 1 is the producer thread."""
     embeds: bool = True

@@ -255,15 +255,17 @@ def embed(
     checkpoint: Callable[[list[str], np.ndarray], None] | None = None,
     fitted: Callable[[list[str]], None] | None = None,
     quantization: Quantization = "none",
+    call_chunks: int = 0,
 ) -> Iterator[list[IndexedChunk]]:
     """Give every chunk a vector; duplicates get their exemplar's, as ``quantization``
-    stores it (``Exemplars``). ``checkpoint`` receives each batch of freshly computed
-    vectors (for resuming a killed build), ``fitted`` the keys of the chunks whose
-    tokens show that they fit the window. Without an ``encoder``, only reused vectors
-    are given."""
+    stores it (``Exemplars``). Batches go to the encoder together until they hold
+    ``call_chunks`` chunks (0: one at a time): it sorts a call's texts by length, so a
+    wider call pads less. ``checkpoint`` receives each call's freshly computed vectors
+    (for resuming a killed build), ``fitted`` the keys of the chunks whose tokens show
+    that they fit the window. Without an ``encoder``, only reused vectors are given."""
     exemplars = Exemplars(quantization)
-    for batch in batches:
-        fresh = [row for row in batch if row.dup_of is None]
+    for call in _calls(batches, call_chunks):
+        fresh = [row for batch in call for row in batch if row.dup_of is None]
         keys = [row.stored["embed_key"] if row.stored is not None else
                 row.key or embed_key(row.chunk, model_key) for row in fresh]
         found = reuse(keys) if reuse is not None else {}
@@ -284,12 +286,31 @@ def embed(
         exemplars.keep([row.chunk.id for row in fresh], [row.vector for row in fresh])
         stats.embedded += len(missing)
         stats.reused += sum(key in found for key in keys)
-        for row in batch:
-            row.tokens = None
-            if row.dup_of is not None:
-                row.vector = exemplars.vector(row.dup_of)
-                stats.copied_from_exemplar += row.vector is not None
-        yield batch
+        for batch in call:
+            for row in batch:
+                row.tokens = None
+                if row.dup_of is not None:
+                    row.vector = exemplars.vector(row.dup_of)
+                    stats.copied_from_exemplar += row.vector is not None
+            yield batch
+
+
+def _calls(batches: Iterable[list[IndexedChunk]], call_chunks: int,
+           ) -> Iterator[list[list[IndexedChunk]]]:
+    """Consecutive batches, grouped until a group holds ``call_chunks`` chunks. The groups
+    follow from the batches alone, so a resumed build of the same call width meets the
+    calls a killed one checkpointed whole, and the others' vectors are those of a build
+    never killed."""
+    call: list[list[IndexedChunk]] = []
+    held = 0
+    for batch in batches:
+        call.append(batch)
+        held += len(batch)
+        if held >= call_chunks:
+            yield call
+            call, held = [], 0
+    if call:
+        yield call
 
 
 def _vectors(encoder: TextEncoder, rows: list[IndexedChunk]) -> np.ndarray:

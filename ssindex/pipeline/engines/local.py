@@ -83,7 +83,7 @@ def run_local(plan: BuildPlan, stats: RunStats, progress: Progress) -> Iterator[
     encoder = plan.encoder if plan.embeds else None
     embedded = clock.timed("embed", embed(handed, encoder, plan.model_key, stats.embed,
                                           plan.reuse, plan.checkpoint, plan.fitted,
-                                          plan.config.quantization),
+                                          plan.config.quantization, plan.call_chunks),
                            "wait")
     for batch, codes, scales in clock.timed("quantize", quantize(embedded,
                                                                  plan.config.quantization),
