@@ -109,6 +109,7 @@ class TorchBackend:
         size and width reuse one graph; its kernels are cached across runs in the
         cache directory (``backends.model``). Torch's caches of whole graphs are turned
         off: they are pickles, and nothing ssindex writes to disk is."""
+        import torch._dynamo.config as dynamo_config
         import torch._functorch.config as functorch_config
         import torch._inductor.config as inductor_config
 
@@ -116,6 +117,9 @@ class TorchBackend:
         inductor_config.fx_graph_cache = False
         functorch_config.enable_autograd_cache = False
         inductor_config.freezing = True  # weights become constants: prepacked for oneDNN
+        # the modules' float settings (dropout, eps, attention scale) are constants; traced
+        # as symbols, they made dynamo trace the model twice (21.3 -> 18.0 s on AMX)
+        dynamo_config.specialize_float = True
         compiled = torch.compile(self._module, dynamic=True)
         ids = np.full((2, 16), 1000, dtype=np.int64)
         self._run(compiled, ids, np.ones_like(ids))  # compiles now, not on a real batch
