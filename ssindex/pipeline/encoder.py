@@ -44,10 +44,9 @@ LARGE_CALL_CHUNKS = 2048
 encoder sorts a call's texts by length into batches of one width, so a wider call pads
 less and runs fewer short batches: on an AMX Xeon, compiled bf16, 4,096 stdlib chunks ran
 at 277 chunks/s in calls of 256 (10.6% padding), 290 in 512, 296 in 1,024 and 303 in
-2,048 (5.4%). A text's vector depends on its batch's shape in the last bits, so a smaller
-build keeps calls of one batch: its partial versions come as often as
-``commit.every_chunks`` asks, and a build that compiles differs from one that does not
-already."""
+2,048 (5.4%). A text's vector depends on its batch's shape in the last bits, so this
+follows the compile, which changes them too; a smaller build keeps calls of one batch,
+and its partial versions come as often as ``commit.every_chunks`` asks."""
 
 
 class EncoderPool:
