@@ -101,10 +101,16 @@ class LazyEncoder:
         """Whether ``load_ahead`` was asked: the build needs the backend whatever it embeds."""
 
     @property
+    def large(self) -> bool:
+        """Whether the build has ``COMPILE_MIN_CHUNKS`` to embed: it then compiles (where
+        that repays) and embeds in wide calls."""
+        return self.expected >= COMPILE_MIN_CHUNKS
+
+    @property
     def call_chunks(self) -> int:
         """Chunks the embed stage hands over in one call (``LARGE_CALL_CHUNKS``; 0: a
         batch at a time)."""
-        return LARGE_CALL_CHUNKS if self.expected >= COMPILE_MIN_CHUNKS else 0
+        return LARGE_CALL_CHUNKS if self.large else 0
 
     def encode(self, texts: list[str]) -> np.ndarray:
         return self._ready(len(texts)).encode(texts) if texts else self._none()
@@ -213,7 +219,7 @@ class LazyEncoder:
             return
         if choice == "always":
             why = "torch.compile: [embed] compile = always"
-        elif backend.compile_repays and self.expected >= COMPILE_MIN_CHUNKS:
+        elif backend.compile_repays and self.large:
             why = f"torch.compile: {self.expected} chunks to embed repay its compile"
         else:
             return
