@@ -3,12 +3,14 @@
 Reduced precisions cast the weights, not autocast: on an AMX Xeon, bf16 weights ran
 1.2x faster than bf16 autocast at the same cosine to fp32 (≥ 0.9999). ``compile``
 swaps in a ``torch.compile`` graph (inductor, weights frozen into it) for builds large
-enough to repay its ~15-20 s of compiling.
+enough to repay its ~12-20 s of compiling.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -71,9 +73,12 @@ class TorchBackend:
     def __init__(self, model: ModelSpec, device: str = "cpu", precision: str = "fp32") -> None:
         import torch
 
-        if device == "cpu" and os.environ.get(THREADS_ENV):
-            torch.set_num_threads(thread_cap())
         self.device = device
+        self._threads = thread_cap() if device == "cpu" and os.environ.get(THREADS_ENV) else 0
+        """Threads a pass runs on (0: torch's default, every core). torch keeps the count
+        per calling thread, so it is set where the passes run: a backend loaded on a
+        background thread (``LazyEncoder.prepare``) ran on every core, whatever
+        ``ssindex watch`` left to the editor."""
         self.dtype = precision
         suffix = "" if precision == "fp32" else f"-{precision}"
         self.name = f"torch-{device.split(':')[0]}{suffix}"
@@ -120,6 +125,9 @@ class TorchBackend:
         # the modules' float settings (dropout, eps, attention scale) are constants; traced
         # as symbols, they made dynamo trace the model twice (21.3 -> 18.0 s on AMX)
         dynamo_config.specialize_float = True
+        if self.device == "cpu":
+            threading.Thread(target=_probe_vector_isas, daemon=True,
+                             name="ssindex-isa-probe").start()
         compiled = torch.compile(self._module, dynamic=True)
         ids = np.full((2, 16), 1000, dtype=np.int64)
         self._run(compiled, ids, np.ones_like(ids))  # compiles now, not on a real batch
@@ -163,6 +171,8 @@ class TorchBackend:
     def _run(self, module: Any, input_ids: np.ndarray, attention_mask: np.ndarray) -> Any:
         """The pooled float32 vectors of one batch, on the device."""
         torch = self._torch
+        if self._threads and torch.get_num_threads() != self._threads:
+            torch.set_num_threads(self._threads)
         ids = torch.from_numpy(input_ids)
         mask = torch.from_numpy(attention_mask)
         if self.device.startswith("cuda") and self.pinned:
@@ -196,3 +206,17 @@ def _batch_tokens(torch: Any, device: str, precision: str) -> int:
         free, _ = torch.cuda.mem_get_info(torch.device(device))
         return int(max(4096, min(GPU_BATCH_TOKENS, free // GPU_BYTES_PER_TOKEN)))
     return CPU_BATCH_TOKENS.get(precision, CPU_BATCH_TOKENS["fp32"])
+
+
+def _probe_vector_isas() -> None:
+    """Let inductor find the CPU's vector ISAs now. It compiles a probe program per ISA
+    and feature, one after another, the first time it generates a kernel: ten g++ runs,
+    7.3 s cold on an AMX Xeon. Begun as the compile starts, they run on another core
+    while the graph is traced (8.4 s there), and the kernels' code generation finds
+    them cached (functools caches them in the process, the probes' libraries in
+    inductor's cache directory). A failure here is inductor's own: an ISA it would drop
+    anyway, or an error its own call meets again."""
+    from torch._inductor.cpu_vec_isa import valid_vec_isa_list
+
+    with contextlib.suppress(Exception):
+        valid_vec_isa_list()
