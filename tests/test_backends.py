@@ -26,7 +26,7 @@ from ssindex.backends.selector import candidates, select
 from ssindex.backends.torch_backend import TorchBackend
 from ssindex.config import BuildConfig, ChunkConfig, EmbedConfig
 from ssindex.errors import BackendUnavailable, ConfigError
-from ssindex.pipeline.encoder import COMPILE_MIN_CHUNKS, SMALL_EMBED_LIMIT, LazyEncoder
+from ssindex.pipeline.encoder import LazyEncoder
 from ssindex.pipeline.progress import SilentProgress
 from ssindex.records import SourceFile
 from ssindex.stages.chunk import chunk_file
@@ -189,35 +189,6 @@ def test_failed_compile_keeps_the_eager_model_visibly(
     assert report.fallback_reason and "torch.compile failed" in report.fallback_reason
     assert "torch.compile" not in report.reason
     assert any("torch.compile failed" in warning for warning in warnings)
-
-
-def test_a_large_build_loads_its_backend_before_its_first_call(
-        model: ModelSpec, texts: list[str], reference: np.ndarray,
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """A build with ``COMPILE_MIN_CHUNKS`` to embed starts loading the bulk backend as it
-    is planned, on a thread of its own, so that the load and compile overlap the walk and
-    chunking; even an incremental one, whose first call is past the query backend's
-    share. A smaller build loads on its first call."""
-    loads: list[tuple[str, str]] = []
-    load = LazyEncoder._loaded
-
-    def noted(self: LazyEncoder, phase: str) -> object:
-        loads.append((phase, threading.current_thread().name))
-        return load(self, phase)
-
-    monkeypatch.setattr(LazyEncoder, "_loaded", noted)
-    cfg = BuildConfig(embed=EmbedConfig(compile="never"))
-    small = LazyEncoder(model, cfg, None, SilentProgress(), incremental=True,
-                        expected=COMPILE_MIN_CHUNKS - 1)
-    small.load_early()
-    assert loads == []
-    large = LazyEncoder(model, cfg, None, SilentProgress(), incremental=True,
-                        expected=COMPILE_MIN_CHUNKS)
-    large.load_early()
-    rounds = SMALL_EMBED_LIMIT // len(texts) + 1  # a first call as wide as a large build's
-    vectors = large.encode(texts * rounds)[: len(texts)]
-    assert loads == [("embed_bulk", "ssindex-encoder-load")]
-    assert (vectors * reference).sum(axis=1).min() >= 0.999
 
 
 def test_the_thread_cap_holds_where_the_passes_run(

@@ -271,8 +271,6 @@ def _plan(job: _Job, previous: PreviousIndex | None, diffed: bool, no_embed: boo
                           pool=job.encoders)
     if explicit and not ray and not no_embed:
         encoder.load_ahead()  # and one that cannot run fails before a row is written
-    elif not ray:
-        encoder.load_early()
     model_key = model.key
     staging = Staging(job.index.path, model_key)
     if job.cache is not None:

@@ -150,16 +150,6 @@ class LazyEncoder:
         elif self._changed == self._small_limit + 1 and self._phase == "embed_query":
             self._in_background("embed_bulk")
 
-    def load_early(self) -> None:
-        """Start loading (and compiling) the bulk backend now, in a background thread, for
-        a ``large`` build, whose calls of ``LARGE_CALL_CHUNKS`` move even an incremental
-        one to it: on an AMX Xeon the load and compile took ~16 s on one core, which the
-        walk and chunking then share with them, instead of waiting for them to hand over
-        their first call. A failure there is left for ``load`` to meet again, in the
-        caller's thread."""
-        if self.large and self.embeds and self.encoder is None:
-            self._in_background("embed_bulk")
-
     def load_ahead(self) -> None:
         """Start loading the backend now, in a background thread, for a build that will
         need it (an explicit one): importing torch took the driver ~1 s before its
