@@ -1,6 +1,7 @@
 """Embedding throughput: the ssindex embed stage against sentence-transformers, one run.
 
-    python benchmarks/embed_throughput.py [--chunks 600] [--compile auto|always|never] [--json]
+    python benchmarks/embed_throughput.py [--chunks 600] [--compile auto|always|never]
+        [--profile] [--json]
 
 Baseline: sentence-transformers ``encode`` (batch 32, fp32) of the same texts with
 the same model and threads. Candidate: the embed stage's encoder as a large build
@@ -9,6 +10,8 @@ selects it: the eager model, then (``auto``: where a build of at least
 headline figures are the large build's path; the eager rate and the compile time
 are reported beside them. Also measures this machine's GEMM peak in the precision
 used, and the worst cosine of ssindex's vectors against the fp32 reference.
+``--profile`` adds where one more pass of the headline path spends its time (torch
+backends): the shares of attention, of the linear layers, and of everything else.
 """
 
 from __future__ import annotations
@@ -51,11 +54,31 @@ def timed(encoders: list[Encoder], texts: list[str], passes: int = 3,
     return [(v, statistics.median(s)) for v, s in zip(vectors, seconds, strict=True)]
 
 
+def time_shares(encoder: Encoder, texts: list[str]) -> dict[str, float]:
+    """Shares of one pass's operator time (torch's profiler, self time): attention
+    kernels, linear layers (GEMMs), and the rest (a compiled graph's fused kernels,
+    pooling)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as profiled:
+        encoder.encode(texts)
+    seconds = {"attention": 0.0, "linear": 0.0, "other": 0.0}
+    for event in profiled.key_averages():
+        name = event.key.lower()
+        kind = "attention" if "attention" in name else (
+            "linear" if "linear" in name or name.endswith("mm") else "other")
+        seconds[kind] += event.self_cpu_time_total
+    total = sum(seconds.values()) or 1.0
+    return {f"{kind}_share": round(value / total, 3) for kind, value in seconds.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--chunks", type=int, default=600)
     parser.add_argument("--backend", default=None, help="force an embed_bulk backend")
     parser.add_argument("--compile", choices=COMPILE_CHOICES, default="auto")
+    parser.add_argument("--profile", action="store_true",
+                        help="also report the shares of attention and linear layers")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
@@ -113,6 +136,8 @@ def main() -> None:
         "padding_fraction": round(1 - tokens / max(encoder.stats.padded_tokens, 1), 3),
         "min_cosine_vs_fp32": round(float((vectors * reference).sum(axis=1).min()), 5),
     }
+    if args.profile and isinstance(encoder.backend, TorchBackend):  # the profiler sees torch
+        result |= time_shares(encoder, texts)
     if args.json:
         print(json.dumps(result))
         return
