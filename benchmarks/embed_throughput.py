@@ -136,8 +136,10 @@ def main() -> None:
         "padding_fraction": round(1 - tokens / max(encoder.stats.padded_tokens, 1), 3),
         "min_cosine_vs_fp32": round(float((vectors * reference).sum(axis=1).min()), 5),
     }
-    if args.profile and isinstance(encoder.backend, TorchBackend):  # the profiler sees torch
+    if args.profile and isinstance(encoder.backend, TorchBackend):
         result |= time_shares(encoder, texts)
+    elif args.profile:  # said, not silently left out
+        result["profile_skipped"] = f"{selection.name}: torch's profiler sees torch backends only"
     if args.json:
         print(json.dumps(result))
         return
