@@ -2,16 +2,26 @@
 
 from __future__ import annotations
 
+import contextlib
+import multiprocessing
 import os
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from ssindex.backends.model import ModelSpec
+from ssindex.config import BuildConfig, WalkConfig
 from ssindex.index.layout import CHUNK_SCHEMA, IndexDir, row_digest
 from ssindex.index.table import scan
+from ssindex.pipeline.engines import pool
+from ssindex.pipeline.engines.pool import Preparation, prepared
+from ssindex.stages.walk import WalkStats, discover
 from tests.conftest import CLI, cli_json, copy_stdlib
 
 _SAME = ("chunks_total", "chunks_embedded", "chunks_deduplicated", "files_indexed",
@@ -126,7 +136,10 @@ def test_a_killed_or_interrupted_driver_leaves_no_worker_behind(tmp_path: Path) 
 
 
 def test_a_worker_that_dies_ends_the_build_with_a_clear_error(tmp_path: Path) -> None:
-    root = copy_stdlib(tmp_path / "tree", "email", "json")
+    # blocks for seconds of work: the kill lands while the workers have some (with
+    # email and json alone, a slow start could see it land as the pool shut down)
+    root = copy_stdlib(tmp_path / "tree", "email", "json", "asyncio", "unittest", "xml",
+                       "multiprocessing", "importlib")
     process, workers = _start(root, tmp_path)
     # the workers are the fork server's children: the driver's grandchildren
     worker = next(pid for pid, parent in _below(process.pid).items() if parent != process.pid)
@@ -137,3 +150,34 @@ def test_a_worker_that_dies_ends_the_build_with_a_clear_error(tmp_path: Path) ->
     assert "Traceback" not in stderr
     assert not (root / ".ssindex" / "HEAD.json").exists()
     assert not _gone(workers)
+
+
+def test_a_worker_that_cannot_exit_does_not_hold_the_build(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker killed as the pool shuts down can die holding the task queue's lock; its
+    partner then waits for that lock, and never for its stop sentinel. Stopped workers
+    stand in for both (neither takes its sentinel): every file is back, so the build
+    goes on once the grace period ends, and no worker is left behind."""
+    monkeypatch.setattr(pool, "EXIT_GRACE_SECONDS", 1.0)
+    root = copy_stdlib(tmp_path / "tree", "email")  # blocks enough for two workers
+    stats = WalkStats()
+    candidates = list(discover(root, WalkConfig(), stats))
+    model = ModelSpec.resolve(None)
+    before = set(multiprocessing.active_children())
+    files = prepared(candidates, Preparation(BuildConfig(), model, model.key), 2, stats)
+    got = [next(files) for _ in candidates]  # every file back; the pool still runs
+    workers = set(multiprocessing.active_children()) - before
+    assert len(workers) == 2
+    for worker in workers:
+        os.kill(worker.pid, signal.SIGSTOP)
+    rest: list[object] = []
+    finishing = threading.Thread(target=lambda: rest.extend(files), daemon=True)
+    finishing.start()
+    finishing.join(30)
+    ended = not finishing.is_alive()
+    for worker in workers:  # released, whatever happened: pytest must not hang on them
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(worker.pid, signal.SIGKILL)
+    assert ended, "the pool's shutdown waited on a worker that could not exit"
+    assert rest == [] and len(got) == len(candidates)
+    assert not _gone({worker.pid for worker in workers}, 5)

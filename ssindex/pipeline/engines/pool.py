@@ -29,6 +29,8 @@ from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass, replace
+from multiprocessing.connection import wait
+from multiprocessing.process import BaseProcess
 from pathlib import Path, PurePosixPath
 from typing import NamedTuple
 
@@ -55,6 +57,9 @@ BLOCKS_PER_WORKER = 4
 memory."""
 DRIVER_WATCH_SECONDS = 0.5
 """How often a worker checks that its driver still lives."""
+EXIT_GRACE_SECONDS = 5.0
+"""How long a shut-down pool's workers get to exit before they are killed: an idle
+worker exits within milliseconds of its stop sentinel, a busy one after its block."""
 
 
 class Prepared(NamedTuple):
@@ -175,6 +180,7 @@ def prepared(candidates: Iterable[Candidate], preparation: Preparation, workers:
             yield preparer(candidate, stats)
         return
     context = multiprocessing.get_context("forkserver")
+    others = set(multiprocessing.active_children())
     pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_start,
                                initargs=(preparation, os.getpid()))
     window: deque[tuple[list[Candidate], Future[tuple[list[Prepared], WalkStats]]]] = deque()
@@ -186,7 +192,26 @@ def prepared(candidates: Iterable[Candidate], preparation: Preparation, workers:
         while window:
             yield from _collect(*window.popleft(), stats)
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+        _close(pool, others)
+
+
+def _close(pool: ProcessPoolExecutor, others: set[BaseProcess]) -> None:
+    """Shut the pool down, killing workers that do not exit within the grace period.
+
+    A worker killed while it waits for a task dies holding the task queue's lock. While
+    the pool runs, the executor sees the death and ends every worker; once it is shutting
+    down it no longer looks, and waits forever for the dead worker's partner, which waits
+    for that lock instead of its stop sentinel (seen on CPython 3.11, in CI). By then
+    every file is back, or the build is failing anyway."""
+    pool.shutdown(wait=False, cancel_futures=True)
+    running = [p for p in multiprocessing.active_children() if p not in others]
+    deadline = time.monotonic() + EXIT_GRACE_SECONDS
+    while running and (left := deadline - time.monotonic()) > 0:
+        exited = set(wait([worker.sentinel for worker in running], left))
+        running = [worker for worker in running if worker.sentinel not in exited]
+    for worker in running:
+        worker.kill()
+    pool.shutdown(wait=True)
 
 
 def _collect(block: list[Candidate], future: Future[tuple[list[Prepared], WalkStats]],
