@@ -20,6 +20,7 @@ from ssindex import build
 from ssindex.config import BuildConfig, CommitConfig, EmbedConfig
 from ssindex.index.layout import IndexDir
 from ssindex.index.table import scan
+from ssindex.pipeline.encoder import LazyEncoder
 from ssindex.pipeline.publication import Publisher
 from ssindex.query.searcher import Searcher
 
@@ -248,6 +249,33 @@ def test_a_build_killed_after_its_first_commit_stays_searchable_and_resumes(
     assert resumed["chunks_embedded"] + resumed["chunks_reused"] == exemplars
     assert_same_index(index, reference / ".ssindex")
     shutil.rmtree(root)
+
+
+def test_a_build_committed_once_knows_from_its_survey_that_it_is_large(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A build committed once learns its size only after chunking every file; the survey
+    (``pipeline.survey``) estimates what it will embed beforehand, so a large one
+    compiles and embeds in wide calls as a progressive build's second pass does. Before
+    the survey, such a build always embedded a batch at a time, in the eager model."""
+    monkeypatch.setattr("ssindex.pipeline.encoder.COMPILE_MIN_CHUNKS", 600)
+    monkeypatch.setattr("ssindex.pipeline.encoder.LARGE_CALL_CHUNKS", 300)
+    calls: list[tuple[int, int]] = []
+    encode_tokens = LazyEncoder.encode_tokens
+
+    def counted(self: LazyEncoder, tokens: list[Any]) -> Any:
+        calls.append((len(tokens), self.expected))
+        return encode_tokens(self, tokens)
+
+    monkeypatch.setattr(LazyEncoder, "encode_tokens", counted)
+    config = BuildConfig(commit=CommitConfig(progressive=False, min_files=0),
+                         embed=EmbedConfig(compile="never"))
+    done = build(_tree(tmp_path), config=config)
+    assert done["partial_commits"] == 0 and done["first_commit_seconds"] == done[
+        "wall_seconds"]  # one pass, no lexical version
+    expected = calls[0][1]
+    chunks = done["chunks_total"]
+    assert 0.8 * chunks <= expected <= 1.2 * chunks, (expected, chunks)
+    assert max(size for size, _ in calls) > 256  # several batches of 256 a call
 
 
 def test_a_large_build_embeds_in_wide_calls_and_resumes_to_the_same_vectors(

@@ -38,7 +38,7 @@ from ssindex.pipeline.previous import PreviousIndex, stale_reasons
 from ssindex.pipeline.progress import Progress, SilentProgress, Tracked
 from ssindex.pipeline.publication import Publisher
 from ssindex.pipeline.staging import Staging
-from ssindex.pipeline.survey import CACHED_ENOUGH, cached_share
+from ssindex.pipeline.survey import CACHED_ENOUGH, survey
 from ssindex.stages.walk import WalkStats, check_root, discover, walk
 from ssindex.util import heap
 
@@ -175,13 +175,20 @@ def _progressive(job: _Job, no_embed: bool, activity: Activity, started: Started
     previous = _previous(job.index, job.cfg, job.model, job.progress)
     progressive = job.cfg.commit.progressive and not no_embed and job.ray is None
     first: dict[str, Any] | None = None
-    first_build = progressive and previous is None and _many_files(job)
-    cached = first_build and _mostly_cached(job)
-    if first_build and not cached:
+    first_build = not no_embed and job.ray is None and previous is None and _many_files(job)
+    # whether the shared cache holds most of the tree's vectors (then one pass with every
+    # core preparing files beats a progressive build's two), and what one pass will embed
+    looked = survey(job.root, job.index.path, job.cfg, job.model, job.cache) \
+        if first_build and (job.cache is not None or not progressive) else None
+    cached = looked is not None and looked.cached_share >= CACHED_ENOUGH
+    if first_build and progressive and not cached:
         first = _commit_once(job, None, True, started, None, near=False)
         job.progress.restart(f"searchable now: lexical version of {first['chunks_total']} "
                              f"chunks in {first['wall_seconds']:.1f} s; embedding them next")
         previous = _previous(job.index, job.cfg, job.model, job.progress)
+    # a pass after the lexical version knows what is left to embed; one pass, the survey
+    expected = looked.to_embed if looked is not None and first is None else \
+        _unembedded(previous, no_embed)
     if previous is not None:
         activity.expect(int(previous.head.data["chunks"]),
                         "building" if no_embed else "embedding")
@@ -190,7 +197,8 @@ def _progressive(job: _Job, no_embed: bool, activity: Activity, started: Started
             previous.chunks_reusable:
         publisher = Publisher(job.index, previous, job.cfg.commit.every_seconds,
                               job.cfg.commit.every_chunks)
-    result = _commit_once(job, previous, no_embed, Started(), publisher, every_core=cached)
+    result = _commit_once(job, previous, no_embed, Started(), publisher, expected,
+                          every_core=cached)
     if publisher is not None:
         publisher.finish()
     if first is not None:  # counted against the lexical version: against none, all is new
@@ -205,13 +213,6 @@ def _progressive(job: _Job, no_embed: bool, activity: Activity, started: Started
     return result
 
 
-def _mostly_cached(job: _Job) -> bool:
-    """Whether the shared vector cache holds most of the tree's vectors (``survey``): then
-    one pass with every core preparing files beats a progressive build's two."""
-    return job.cache is not None and cached_share(
-        job.root, job.index.path, job.cfg, job.model, job.cache) >= CACHED_ENOUGH
-
-
 def _many_files(job: _Job) -> bool:
     """Whether the tree has ``commit.min_files`` files to index (listed, not read)."""
     listed = discover(job.root, job.cfg.walk, WalkStats(), job.index.path)
@@ -220,17 +221,19 @@ def _many_files(job: _Job) -> bool:
 
 
 def _commit_once(job: _Job, previous: PreviousIndex | None, no_embed: bool, started: Started,
-                 publisher: Publisher | None, every_core: bool = False, near: bool = True,
-                 ) -> dict[str, Any]:
-    """Run the stages once and commit what they made; ``every_core`` prepares files on
-    every core even though a model runs (it will embed little); ``near``: dedupe finds
-    near duplicates (``BuildPlan.near_duplicates``)."""
+                 publisher: Publisher | None, expected: int = 0, every_core: bool = False,
+                 near: bool = True) -> dict[str, Any]:
+    """Run the stages once and commit what they made; ``expected``: chunks it will embed
+    (``LazyEncoder.expected``); ``every_core`` prepares files on every core even though a
+    model runs (it will embed little); ``near``: dedupe finds near duplicates
+    (``BuildPlan.near_duplicates``)."""
     # rows left without a vector make this build a rebuild (vectors reused by key),
     # written anew: it then equals a build that never left any; so does a version
     # whose near duplicates were never looked for
     diffed = previous is not None and bool(previous.head.data.get("near_duplicates", True)) \
         and (no_embed or previous.dense_coverage == 1.0)
-    plan, encoder, staging = _plan(job, previous, diffed, no_embed, publisher, every_core, near)
+    plan, encoder, staging = _plan(job, previous, diffed, no_embed, publisher, expected,
+                                   every_core, near)
     writer = TableWriter(job.index, previous.head if previous and diffed else None,
                          purge=previous is not None and _secrets_tightened(previous, job.cfg))
     try:
@@ -256,8 +259,8 @@ def _unembedded(previous: PreviousIndex | None, no_embed: bool) -> int:
 
 
 def _plan(job: _Job, previous: PreviousIndex | None, diffed: bool, no_embed: bool,
-          publisher: Publisher | None, every_core: bool = False, near: bool = True,
-          ) -> tuple[BuildPlan, LazyEncoder, Staging]:
+          publisher: Publisher | None, expected: int, every_core: bool = False,
+          near: bool = True) -> tuple[BuildPlan, LazyEncoder, Staging]:
     """The build's plan, its encoder, and the staging area its checkpoints go to;
     ``diffed``: the build carries the previous index's chunks where it can."""
     cfg, model, explicit, ray = job.cfg, job.model, job.explicit, job.ray
@@ -267,7 +270,7 @@ def _plan(job: _Job, previous: PreviousIndex | None, diffed: bool, no_embed: boo
     # query backend, and the actors' hardware may not be this machine's
     encoder = LazyEncoder(model, cfg, None if ray else explicit, job.progress,
                           incremental=ray is not None or reusable is not None,
-                          embeds=not no_embed, expected=_unembedded(previous, no_embed),
+                          embeds=not no_embed, expected=expected,
                           pool=job.encoders)
     if explicit and not ray and not no_embed:
         encoder.load_ahead()  # and one that cannot run fails before a row is written
