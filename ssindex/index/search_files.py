@@ -43,6 +43,7 @@ import pyarrow as pa
 from ssindex.index.layout import IndexDir
 from ssindex.index.postings import Lexicon, Postings, Segment
 from ssindex.text.roles import is_test
+from ssindex.util import heap
 from ssindex.util.arrays import distinct, numeric_view, whole
 from ssindex.util.cores import usable_cores
 
@@ -138,7 +139,9 @@ def write_search_files(index: IndexDir, version: int) -> Made:
     in blocks of ``BLOCK_ROWS``, their snapshot rows written as they come and their
     postings built on threads meanwhile, then concatenated: tokenizing every row at
     once took the standard library's lexical commit ~0.77 GB at its peak, for 85 MB of
-    files."""
+    files. The heap is trimmed after each block (``util.heap``): what tokenizing a block
+    freed stayed in the allocators, and the standard library's 9 blocks peaked ~560 MB
+    above the commit's start, against ~380 MB trimmed, in the same ~1 s."""
     dataset = index.open_table(version).to_lance()
     columns = ["lex_body", "lex_name", *SNAPSHOT_COLUMNS]
     blocks = dataset.to_batches(columns=columns, batch_size=BLOCK_ROWS, scan_in_order=True)
@@ -154,9 +157,11 @@ def write_search_files(index: IndexDir, version: int) -> Made:
         marked = _marked(pa.table(block).select(SNAPSHOT_COLUMNS), postings)
         with index.manifest_writer(name, marked.schema) as writer:
             writer.write_table(marked)
+            heap.trim()
             for block, postings in built:
                 parts.append(postings)
                 writer.write_table(_marked(pa.table(block).select(SNAPSHOT_COLUMNS), postings))
+                heap.trim()
     whole_postings = Postings.concatenate(parts)
     names = {"postings": index.write_manifest(f"postings-v{version}.arrow",
                                               whole_postings.to_table()),
