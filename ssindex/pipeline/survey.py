@@ -59,8 +59,8 @@ def survey(root: Path, exclude: Path, cfg: BuildConfig, model: ModelSpec,
     look their chunks up in ``cache`` when there is one."""
     listed = list(itertools.islice(discover(root, cfg.walk, WalkStats(), exclude),
                                    _LISTED_AT_MOST))
-    ends = list(itertools.accumulate(_size(candidate, cfg.walk.max_file_bytes)
-                                     for candidate in listed))
+    sizes = [_size(candidate, cfg.walk.max_file_bytes) for candidate in listed]
+    ends = list(itertools.accumulate(sizes))
     total = ends[-1] if ends else 0
     if not total:
         return Survey(0.0, 0)
@@ -77,8 +77,7 @@ def survey(root: Path, exclude: Path, cfg: BuildConfig, model: ModelSpec,
     if cache is not None and every:
         cached = set(cache.lookup(every, model.dim, touch=False))
     # each draw stands for the tree's bytes at its file's rate of chunks to embed per byte
-    rates = [sum(key not in cached for key in keys[index]) / (ends[index] - (
-        ends[index - 1] if index else 0)) for index in drawn]
+    rates = [sum(key not in cached for key in keys[index]) / sizes[index] for index in drawn]
     return Survey(len(cached) / len(every) if every else 0.0,
                   round(total * sum(rates) / SAMPLE_DRAWS))
 
