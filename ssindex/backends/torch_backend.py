@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from ssindex.backends import attention
 from ssindex.backends.head import build_head
 from ssindex.backends.inventory import THREADS_ENV, thread_cap
 from ssindex.backends.model import ModelSpec
@@ -83,7 +84,10 @@ class TorchBackend:
         suffix = "" if precision == "fp32" else f"-{precision}"
         self.name = f"torch-{device.split(':')[0]}{suffix}"
         weights_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
-        self._module = load_torch_model(model, device, weights_dtype)  # SDPA where supported
+        self.attn_implementation, self.attention_note = _attention(model, device, precision)
+        """The AMX attention kernel's name where it runs (None: SDPA), and a line for the
+        report: that it runs, or why it could not on an AMX CPU."""
+        self._module = load_torch_model(model, device, weights_dtype, self.attn_implementation)
         self._pooled = _pooled(self._module, build_head(model.card).to(device))
         self._compiled: Any = None
         self._torch = torch
@@ -207,6 +211,20 @@ def _pooled(module: Any, head: Any) -> Any:
             return self.head(hidden, mask).float()
 
     return Pooled().eval()
+
+
+def _attention(model: ModelSpec, device: str, precision: str) -> tuple[str | None, str]:
+    """The attention implementation for bf16 on a CPU (None: transformers' default,
+    SDPA where supported) and what the report should say of it: the AMX kernel where
+    it runs (``backends.attention``), why not where the CPU has AMX but the kernel
+    could not be built, nothing elsewhere."""
+    if (device, precision) != ("cpu", "bf16") or attention.unsupported(model.config, SDPA_MASKED):
+        return None, ""
+    why_not = attention.install()
+    if not why_not:
+        return attention.NAME, "attention: AMX kernel"
+    quiet = why_not.startswith(("the CPU has no AMX", f"{attention.SWITCH_ENV}="))
+    return None, "" if quiet else f"AMX attention unavailable, SDPA runs: {why_not}"
 
 
 def _takes_sdpa_masks(module: Any) -> bool:

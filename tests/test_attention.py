@@ -1,0 +1,114 @@
+"""The AMX attention kernel: the same attention as torch's SDPA where it runs, SDPA
+(said so, where it matters) wherever it cannot."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ssindex.backends import attention
+from ssindex.backends.model import ModelSpec
+from ssindex.backends.torch_backend import SDPA_MASKED
+
+@pytest.fixture
+def kernel() -> None:
+    """Skips where the kernel cannot run (installed inside the tests' own cache)."""
+    if why_not := attention.install():
+        pytest.skip(f"AMX attention: {why_not}")
+
+
+@pytest.mark.usefixtures("kernel")
+@pytest.mark.parametrize(("seq", "dim"), [(40, 32), (170, 32), (512, 32), (77, 64)])
+def test_the_kernel_gives_sdpa_attention_over_each_sequences_real_tokens(
+        seq: int, dim: int) -> None:
+    """Random bf16 heads, sequences of 1 token, a block and one past it, and the whole
+    width: rows within each length match SDPA under the padding mask; padded rows
+    are zeros."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seq + dim)
+    batch, heads = 6, 384 // dim
+    query, key, value = (torch.randn(batch, seq, heads, dim, generator=generator).mul(2)
+                         .bfloat16() for _ in range(3))
+    lengths = torch.tensor([1, 15, 16, 17, seq - 1, seq])
+    out = torch.ops.ssindex.attention(query, key, value, lengths, dim ** -0.5).float()
+    real = torch.arange(seq)[None, :] < lengths[:, None]
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        *(x.float().transpose(1, 2) for x in (query, key, value)),
+        attn_mask=real[:, None, None, :]).transpose(1, 2)
+    rows, want = out[real].reshape(-1, dim), expected[real].reshape(-1, dim)
+    assert torch.nn.functional.cosine_similarity(rows, want, dim=1).min() >= 0.9999
+    assert (rows - want).abs().max() < 0.05
+    assert not out[~real].any()
+
+
+def test_a_bf16_cpu_model_runs_the_kernel_exactly_where_it_can() -> None:
+    """On a CPU with AMX the bundled model's bf16 backend runs the kernel, close to
+    fp32, and says so; elsewhere it runs SDPA and has nothing to say."""
+    from ssindex.backends.base import Encoder
+    from ssindex.backends.torch_backend import TorchBackend
+
+    model = ModelSpec.resolve(None)
+    backend = TorchBackend(model, "cpu", "bf16")
+    runs_here = attention.install() == ""
+    assert (backend.attn_implementation == attention.NAME) == runs_here
+    assert backend.attention_note == ("attention: AMX kernel" if runs_here else "")
+    texts = [(Path(__file__).parent / "test_walk.py").read_text()[:3000],
+             "def parse(text):\n    return json.loads(text)", "x"]
+    vectors = Encoder(backend, model).encode(texts)
+    reference = Encoder(TorchBackend(model, "cpu", "fp32"), model).encode(texts)
+    assert (vectors * reference).sum(axis=1).min() >= 0.999
+
+
+def test_a_kernel_that_cannot_build_leaves_sdpa_and_a_reason(tmp_path: Path) -> None:
+    """No compiler: on an AMX CPU the backend falls back to SDPA with the reason in its
+    note; on any other CPU the reason is its missing AMX. Its own process, since the
+    kernel is installed once per process."""
+    script = ("import json; from ssindex.backends import attention; "
+              "from ssindex.backends.torch_backend import TorchBackend; "
+              "from ssindex.backends.model import ModelSpec; "
+              "b = TorchBackend(ModelSpec.resolve(None), 'cpu', 'bf16'); "
+              "print(json.dumps([attention.install(), b.attn_implementation, b.attention_note]))")
+    env = {**os.environ, "CXX": str(tmp_path / "no-such-compiler"),
+           "SSINDEX_CACHE_DIR": str(tmp_path / "cache")}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                          text=True, check=True, timeout=300)
+    why_not, implementation, note = json.loads(done.stdout.splitlines()[-1])
+    assert implementation is None
+    import torch
+
+    if torch.cpu._is_amx_tile_supported():
+        assert "did not build" in why_not and "no C++ compiler" in why_not
+        assert note.startswith("AMX attention unavailable, SDPA runs:")
+    else:
+        assert why_not and note == ""
+
+
+def test_the_switch_keeps_sdpa() -> None:
+    script = "from ssindex.backends import attention; print(attention.install())"
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env={**os.environ, attention.SWITCH_ENV: "0"}, check=True, timeout=300)
+    assert done.stdout.strip() == f"{attention.SWITCH_ENV}=0"
+
+
+@pytest.mark.parametrize(("config", "why"), [
+    ({"model_type": "modernbert", "num_attention_heads": 12, "hidden_size": 768},
+     "not a plain bidirectional encoder"),
+    ({"model_type": "bert", "num_attention_heads": 4, "hidden_size": 64}, "16 dims"),
+    ({"model_type": "bert", "num_attention_heads": 12, "hidden_size": 384,
+      "max_position_embeddings": 8192}, "longer than 512"),
+])
+def test_models_the_kernel_cannot_take_keep_sdpa(config: dict[str, object], why: str) -> None:
+    reason = attention.unsupported(config, SDPA_MASKED)
+    assert reason and why in reason
+
+
+def test_the_bundled_model_fits_the_kernel() -> None:
+    assert attention.unsupported(ModelSpec.resolve(None).config, SDPA_MASKED) is None
+    distilbert = {"model_type": "distilbert", "n_heads": 12, "dim": 768}
+    assert attention.unsupported(distilbert, SDPA_MASKED) is None
