@@ -15,6 +15,7 @@ from ssindex.backends import attention
 from ssindex.backends.model import ModelSpec
 from ssindex.backends.torch_backend import SDPA_MASKED
 
+
 @pytest.fixture
 def kernel() -> None:
     """Skips where the kernel cannot run (installed inside the tests' own cache)."""

@@ -35,9 +35,10 @@ GPU_BATCH_TOKENS = 262_144
 GPU_BYTES_PER_TOKEN = 64 << 10
 """Device memory a token of a forward pass may take (activations, with headroom)."""
 SDPA_MASKED = frozenset({"albert", "bert", "distilbert", "electra", "roberta", "xlm-roberta"})
-"""Architectures that take their attention mask ready for SDPA (``host_masks``): each
-gives the vectors of transformers' own mask (``tests/test_models.py``). Not ModernBERT,
-whose local attention lives in the mask transformers builds."""
+"""Bidirectional encoders whose attention takes a padding mask and nothing else: on CUDA
+they get it ready for SDPA (``host_masks``), each giving the vectors of transformers' own
+mask (``tests/test_models.py``), and on an AMX CPU they may run ``backends.attention``.
+Not ModernBERT, whose local attention lives in the mask transformers builds."""
 
 
 def load_torch_model(model: ModelSpec, device: str, dtype: Any | None = None,
