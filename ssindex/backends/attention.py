@@ -61,9 +61,18 @@ def unsupported(config: dict[str, Any], encoders: frozenset[str]) -> str | None:
     return None
 
 
+def wanted() -> bool:
+    """Whether this machine should run the kernel: Linux on a CPU with AMX tiles, and
+    not turned off by ``SSINDEX_AMX_ATTENTION=0``."""
+    import torch
+
+    return (os.environ.get(SWITCH_ENV, "1") != "0" and sys.platform.startswith("linux")
+            and torch.cpu._is_amx_tile_supported())
+
+
 def install() -> str:
     """Compile (once per machine), load and register the kernel; the empty string when
-    it runs here, else why not (no AMX, no compiler, turned off, a failed build)."""
+    it runs here, else why not (not ``wanted``, no compiler, a failed build)."""
     global _installed
     with _lock:
         if _installed is None:
@@ -75,10 +84,8 @@ def _install() -> str:
     import torch
     import transformers
 
-    if os.environ.get(SWITCH_ENV, "1") == "0":
-        return f"{SWITCH_ENV}=0"
-    if not sys.platform.startswith("linux") or not torch.cpu._is_amx_tile_supported():
-        return "the CPU has no AMX tiles"
+    if not wanted():
+        return f"not wanted here (no AMX tiles, or {SWITCH_ENV}=0)"
     if int(transformers.__version__.split(".")[0]) < 5:
         return "transformers 4.x passes no padding mask to a custom attention"
     try:

@@ -219,13 +219,13 @@ def _attention(model: ModelSpec, device: str, precision: str) -> tuple[str | Non
     SDPA where supported) and what the report should say of it: the AMX kernel where
     it runs (``backends.attention``), why not where the CPU has AMX but the kernel
     could not be built, nothing elsewhere."""
-    if (device, precision) != ("cpu", "bf16") or attention.unsupported(model.config, SDPA_MASKED):
+    if ((device, precision) != ("cpu", "bf16") or not attention.wanted()
+            or attention.unsupported(model.config, SDPA_MASKED)):
         return None, ""
     why_not = attention.install()
     if not why_not:
         return attention.NAME, "attention: AMX kernel"
-    quiet = why_not.startswith(("the CPU has no AMX", f"{attention.SWITCH_ENV}="))
-    return None, "" if quiet else f"AMX attention unavailable, SDPA runs: {why_not}"
+    return None, f"AMX attention unavailable, SDPA runs: {why_not}"
 
 
 def _takes_sdpa_masks(module: Any) -> bool:
