@@ -83,9 +83,7 @@ def test_a_kernel_that_cannot_build_leaves_sdpa_and_a_reason(tmp_path: Path) -> 
                           text=True, check=True, timeout=300)
     why_not, implementation, note = json.loads(done.stdout.splitlines()[-1])
     assert implementation is None
-    import torch
-
-    if torch.cpu._is_amx_tile_supported():
+    if attention.wanted():
         assert "did not build" in why_not and "no C++ compiler" in why_not
         assert note.startswith("AMX attention unavailable, SDPA runs:")
     else:
@@ -100,19 +98,21 @@ def test_the_switch_keeps_sdpa() -> None:
     assert done.stdout.split() == ["False", "True"]
 
 
-@pytest.mark.parametrize(("config", "why"), [
-    ({"model_type": "modernbert", "num_attention_heads": 12, "hidden_size": 768},
+@pytest.mark.parametrize(("config", "width", "why"), [
+    ({"model_type": "modernbert", "num_attention_heads": 12}, 768,
      "not a plain bidirectional encoder"),
-    ({"model_type": "bert", "num_attention_heads": 4, "hidden_size": 64}, "16 dims"),
-    ({"model_type": "bert", "num_attention_heads": 12, "hidden_size": 384,
-      "max_position_embeddings": 8192}, "longer than 512"),
+    ({"model_type": "bert", "num_attention_heads": 4}, 64, "16 dims"),
+    ({"model_type": "bert", "num_attention_heads": 12, "max_position_embeddings": 8192}, 384,
+     "longer than 512"),
 ])
-def test_models_the_kernel_cannot_take_keep_sdpa(config: dict[str, object], why: str) -> None:
-    reason = attention.unsupported(config, SDPA_MASKED)
+def test_models_the_kernel_cannot_take_keep_sdpa(config: dict[str, object], width: int,
+                                                 why: str) -> None:
+    reason = attention.unsupported(config, width, SDPA_MASKED)
     assert reason and why in reason
 
 
 def test_the_bundled_model_fits_the_kernel() -> None:
-    assert attention.unsupported(ModelSpec.resolve(None).config, SDPA_MASKED) is None
+    model = ModelSpec.resolve(None)
+    assert attention.unsupported(model.config, model.card.hidden_size, SDPA_MASKED) is None
     distilbert = {"model_type": "distilbert", "n_heads": 12, "dim": 768}
-    assert attention.unsupported(distilbert, SDPA_MASKED) is None
+    assert attention.unsupported(distilbert, 768, SDPA_MASKED) is None

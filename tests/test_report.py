@@ -24,10 +24,12 @@ def test_rich_progress_shows_every_stage_on_a_terminal() -> None:
 
 def test_plain_progress_prints_lines_not_control_codes(capsys) -> None:  # type: ignore[no-untyped-def]
     with PlainProgress(every=0) as progress:
-        progress.advance("walk", 2)
+        progress.advance("walk", 1)
+        progress.advance("walk", 1)
         progress.advance("embed", 1)
     err = capsys.readouterr().err
     assert "progress:" in err and "\x1b" not in err and "\r" not in err
+    assert "walk 1 file |" in err and "walk 2 files |" in err
 
 
 def test_summary_table_renders_build_stats() -> None:

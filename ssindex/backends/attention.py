@@ -46,12 +46,11 @@ _installed: str | None = None
 """Why the kernel cannot run here ("" once it is installed); None before the first try."""
 
 
-def unsupported(config: dict[str, Any], encoders: frozenset[str]) -> str | None:
-    """Why a model of ``config`` (its ``config.json``) keeps SDPA, or None when the
-    kernel fits it; ``encoders`` are the architectures whose attention takes a padding
-    mask and nothing else."""
+def unsupported(config: dict[str, Any], width: int, encoders: frozenset[str]) -> str | None:
+    """Why a model of ``config`` (its ``config.json``) and token states ``width`` wide
+    keeps SDPA, or None when the kernel fits it; ``encoders`` are the architectures
+    whose attention takes a padding mask and nothing else."""
     heads = config.get("num_attention_heads") or config.get("n_heads") or 0
-    width = config.get("hidden_size") or config.get("dim") or 0
     if config.get("model_type") not in encoders:
         return f"{config.get('model_type')} is not a plain bidirectional encoder"
     if not heads or width // heads not in HEAD_DIMS:

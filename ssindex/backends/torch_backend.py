@@ -220,7 +220,7 @@ def _attention(model: ModelSpec, device: str, precision: str) -> tuple[str | Non
     it runs (``backends.attention``), why not where the CPU has AMX but the kernel
     could not be built, nothing elsewhere."""
     if ((device, precision) != ("cpu", "bf16") or not attention.wanted()
-            or attention.unsupported(model.config, SDPA_MASKED)):
+            or attention.unsupported(model.config, model.card.hidden_size, SDPA_MASKED)):
         return None, ""
     why_not = attention.install()
     if not why_not:

@@ -120,7 +120,8 @@ class PlainProgress:
         elapsed = self._last - self._started
         c = self._counts
         rate = c["embed"] / elapsed if elapsed else 0.0
-        print(f"progress: {elapsed:6.0f}s walk {c['walk']} files | chunk {c['chunk']} | "
+        files = "file" if c["walk"] == 1 else "files"
+        print(f"progress: {elapsed:6.0f}s walk {c['walk']} {files} | chunk {c['chunk']} | "
               f"{self._rows} {c['embed']}/{c['chunk']} ({rate:.1f} chunks/s)", file=sys.stderr,
               flush=True)
 
