@@ -76,18 +76,46 @@ def test_a_kernel_that_cannot_build_leaves_sdpa_and_a_reason(tmp_path: Path) -> 
               "from ssindex.backends.torch_backend import TorchBackend; "
               "from ssindex.backends.model import ModelSpec; "
               "b = TorchBackend(ModelSpec.resolve(None), 'cpu', 'bf16'); "
-              "print(json.dumps([attention.install(), b.attn_implementation, b.attention_note]))")
+              "print(json.dumps([attention.install(), b.attn_implementation, "
+              "b.attention_fallback]))")
     env = {**os.environ, "CXX": str(tmp_path / "no-such-compiler"),
            "SSINDEX_CACHE_DIR": str(tmp_path / "cache")}
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
                           text=True, check=True, timeout=300)
-    why_not, implementation, note = json.loads(done.stdout.splitlines()[-1])
+    why_not, implementation, fallback = json.loads(done.stdout.splitlines()[-1])
     assert implementation is None
     if attention.wanted():
         assert "did not build" in why_not and "no C++ compiler" in why_not
-        assert note.startswith("AMX attention unavailable, SDPA runs:")
+        assert fallback.startswith("AMX attention unavailable, SDPA runs:")
     else:
-        assert why_not.startswith("not wanted here") and note == ""
+        assert why_not.startswith("not wanted here") and fallback == ""
+
+
+def test_a_calibrated_winner_picks_the_attention_and_says_so(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``ssindex calibrate``'s attention winner for this machine, read where the bf16
+    backend is created: SDPA where it was faster, the kernel where it was, each with
+    its figure in the report; a CPU without AMX has no choice and nothing to say."""
+    from ssindex.backends.calibration import CALIBRATION_FILE, machine_key
+    from ssindex.backends.inventory import detect
+    from ssindex.backends.registry import create
+    from ssindex.backends.torch_backend import TorchBackend
+
+    monkeypatch.setenv("SSINDEX_CONFIG_DIR", str(tmp_path))
+    model = ModelSpec.resolve(None)
+    for winner, implementation, note in [
+            ("sdpa", None, "attention: SDPA, calibrated winner (9 vs 8)"),
+            (attention.NAME, attention.NAME, "attention: AMX kernel, calibrated winner (9 vs 8)")]:
+        record = {"machine": machine_key(detect()),
+                  "phases": {"attention": {"backend": winner, "figure": "9 vs 8"}}}
+        (tmp_path / CALIBRATION_FILE).write_text(json.dumps(record))
+        backend = create("torch-cpu-bf16", model, detect())
+        assert isinstance(backend, TorchBackend) and backend.attention_fallback == ""
+        if attention.wanted():
+            assert backend.attn_implementation == implementation
+            assert backend.attention_note == note
+        else:
+            assert backend.attention_note == ""
 
 
 def test_the_switch_keeps_sdpa() -> None:

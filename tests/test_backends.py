@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from ssindex.backends import attention
 from ssindex.backends.base import (
     BULK_TEXTS,
     TRIM_ROWS,
@@ -356,6 +357,11 @@ def test_calibrate_stores_winners_that_doctor_and_auto_use(
     assert all(f["bulk_chunks_per_s"] > 0 and f["query_ms_p50"] > 0 for f in timed.values())
     for name, figure in timed.items():
         assert f"{figure['bulk_chunks_per_s']} chunks/s in bulk" in screen, (name, screen)
+    if attention.wanted():  # an AMX CPU: bf16 bulk timed with the kernel and with SDPA
+        assert record["phases"]["attention"]["backend"] in (attention.NAME, "sdpa")
+        assert f"attention → {record['phases']['attention']['backend']} (" in screen
+    else:
+        assert "attention" not in record["phases"]
     report = cli_json("doctor")
     assert report["calibrated"]["embed_query"]["backend"] == record["phases"]["embed_query"][
         "backend"]

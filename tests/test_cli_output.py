@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from ssindex.backends.calibration import CALIBRATION_FILE, machine_key
 from ssindex.backends.inventory import detect
-from ssindex.backends.selector import CALIBRATION_FILE, machine_key
 
 from .conftest import CLI, STDLIB, run_cli, run_tty
 

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from functools import partial
 
 from ssindex.backends.base import EmbeddingBackend
+from ssindex.backends.calibration import load_calibration
 from ssindex.backends.inventory import Inventory
 from ssindex.backends.model import ModelSpec
 from ssindex.backends.names import BACKENDS
@@ -29,7 +30,7 @@ def _torch_cpu(precision: str | None, model: ModelSpec,
     from ssindex.backends.torch_backend import TorchBackend
 
     chosen = precision or ("bf16" if inventory.bf16_fast else "fp32")
-    return TorchBackend(model, "cpu", chosen)
+    return TorchBackend(model, "cpu", chosen, load_calibration(inventory).get("attention"))
 
 
 def _torch_cuda(model: ModelSpec, inventory: Inventory) -> EmbeddingBackend:

@@ -9,20 +9,17 @@ warned about; an explicit choice that fails raises ``BackendUnavailable``.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from ssindex.backends.base import EmbeddingBackend, runtime_errors
+from ssindex.backends.calibration import load_calibration
 from ssindex.backends.inventory import Inventory, detect
 from ssindex.backends.model import ModelSpec
 from ssindex.backends.names import PHASES
 from ssindex.backends.registry import create
 from ssindex.errors import BackendUnavailable, ConfigError, SsindexError, map_exceptions
-from ssindex.util.dirs import config_dir
-
-CALIBRATION_FILE = "calibration.json"
 
 
 @dataclass(frozen=True)
@@ -82,22 +79,6 @@ class Selection:
 
     def as_json(self) -> dict[str, Any]:
         return self.report().as_json()
-
-
-def machine_key(inventory: Inventory) -> str:
-    gpus = ",".join(d["name"] for d in inventory.cuda_devices)
-    return f"{inventory.cpu_model}|{inventory.cpu_count}|{gpus}|{inventory.system}"
-
-
-def load_calibration(inventory: Inventory) -> dict[str, Any]:
-    """Calibrated winners per phase for this machine, or ``{}``."""
-    try:
-        data = json.loads((config_dir() / CALIBRATION_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    if data.get("machine") != machine_key(inventory):
-        return {}
-    return dict(data.get("phases", {}))
 
 
 def candidates(phase: str, inventory: Inventory,

@@ -69,10 +69,13 @@ class TorchBackend:
 
     ``precision`` is ``fp32``, ``bf16`` or ``fp16`` (weights cast; bf16 for AMX CPUs
     and CUDA, fp16 for MPS). ``batch_tokens`` is the token budget this device runs
-    best at (``Encoder`` batches by it unless configured otherwise).
+    best at (``Encoder`` batches by it unless configured otherwise). ``attention_winner``
+    is what ``ssindex calibrate`` measured for attention on this machine (its
+    ``backend``, ``attention.NAME`` or ``"sdpa"``, and ``figure``), if anything.
     """
 
-    def __init__(self, model: ModelSpec, device: str = "cpu", precision: str = "fp32") -> None:
+    def __init__(self, model: ModelSpec, device: str = "cpu", precision: str = "fp32",
+                 attention_winner: dict[str, str] | None = None) -> None:
         import torch
 
         self.device = device
@@ -85,9 +88,10 @@ class TorchBackend:
         suffix = "" if precision == "fp32" else f"-{precision}"
         self.name = f"torch-{device.split(':')[0]}{suffix}"
         weights_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
-        self.attn_implementation, self.attention_note = _attention(model, device, precision)
-        """The AMX attention kernel's name where it runs (None: SDPA), and a line for the
-        report: that it runs, or why it could not on an AMX CPU."""
+        self.attn_implementation, self.attention_note, self.attention_fallback = _attention(
+            model, device, precision, attention_winner or {})
+        """The AMX attention kernel's name where it runs (None: SDPA); for the report,
+        which attention runs on an AMX CPU, and why the kernel could not where it failed."""
         self._module = load_torch_model(model, device, weights_dtype, self.attn_implementation)
         self._pooled = _pooled(self._module, build_head(model.card).to(device))
         self._compiled: Any = None
@@ -214,18 +218,22 @@ def _pooled(module: Any, head: Any) -> Any:
     return Pooled().eval()
 
 
-def _attention(model: ModelSpec, device: str, precision: str) -> tuple[str | None, str]:
+def _attention(model: ModelSpec, device: str, precision: str,
+               winner: dict[str, str]) -> tuple[str | None, str, str]:
     """The attention implementation for bf16 on a CPU (None: transformers' default,
-    SDPA where supported) and what the report should say of it: the AMX kernel where
-    it runs (``backends.attention``), why not where the CPU has AMX but the kernel
-    could not be built, nothing elsewhere."""
+    SDPA where supported), which one the report names, and why the kernel could not
+    run. The AMX kernel (``backends.attention``) runs where it can, unless calibration
+    found SDPA faster on this machine; elsewhere nothing is said."""
     if ((device, precision) != ("cpu", "bf16") or not attention.wanted()
             or attention.unsupported(model.config, model.card.hidden_size, SDPA_MASKED)):
-        return None, ""
+        return None, "", ""
+    calibrated = f", calibrated winner ({winner['figure']})" if winner.get("figure") else ""
+    if winner.get("backend") == "sdpa":
+        return None, f"attention: SDPA{calibrated}", ""
     why_not = attention.install()
     if not why_not:
-        return attention.NAME, "attention: AMX kernel"
-    return None, f"AMX attention unavailable, SDPA runs: {why_not}"
+        return attention.NAME, f"attention: AMX kernel{calibrated}", ""
+    return None, "", f"AMX attention unavailable, SDPA runs: {why_not}"
 
 
 def _takes_sdpa_masks(module: Any) -> bool:

@@ -215,14 +215,14 @@ class LazyEncoder:
         """Say in the report which attention a bf16 CPU model runs; an AMX CPU whose
         kernel could not be built falls back to SDPA, visibly."""
         backend = selection.backend
-        if not isinstance(backend, TorchBackend) or not backend.attention_note:
+        if not isinstance(backend, TorchBackend):
             return
-        if backend.attn_implementation:
+        if backend.attention_note:
             selection.reason = f"{selection.reason}; {backend.attention_note}"
-            return
-        self._progress.message(f"embed_bulk: {backend.attention_note}")
-        selection.fallback_reason = "; ".join(
-            filter(None, [selection.fallback_reason, backend.attention_note]))
+        if backend.attention_fallback:
+            self._progress.message(f"embed_bulk: {backend.attention_fallback}")
+            selection.fallback_reason = "; ".join(
+                filter(None, [selection.fallback_reason, backend.attention_fallback]))
 
     def _compile(self, selection: Selection) -> None:
         """Compile the bulk model when the build is large enough to repay it; a compile

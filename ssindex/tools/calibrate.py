@@ -6,7 +6,9 @@ backends (a busy moment on the machine slows them all alike), each call after a
 pass over a buffer the size of a search's scan, so that it finds the caches cold
 as a query does in a search. Timed back to back with warm caches, the fp32 graph
 wins, and loses ~1 ms inside real searches. Winners are stored in the user's
-config dir for this machine; auto selection then tries them first.
+config dir for this machine; auto selection then tries them first. Where the AMX
+attention kernel runs (``backends.attention``), bf16 bulk is also timed with it and
+with SDPA, and the bf16 backend then runs the winner.
 """
 
 from __future__ import annotations
@@ -20,16 +22,19 @@ from typing import Any
 
 import numpy as np
 
+from ssindex.backends import attention
 from ssindex.backends.base import Encoder
+from ssindex.backends.calibration import CALIBRATION_FILE, machine_key
 from ssindex.backends.inventory import Inventory, detect
 from ssindex.backends.model import ModelSpec
 from ssindex.backends.registry import create
-from ssindex.backends.selector import CALIBRATION_FILE, machine_key, probe
+from ssindex.backends.selector import probe
 from ssindex.config import ChunkConfig
 from ssindex.util.dirs import config_dir
 from ssindex.util.fsio import atomic_write_bytes
 
 BULK_CHUNKS = 48
+ATTENTION_ROUNDS = 5
 QUERY_REPEATS = 25
 SCAN_BYTES = 32 << 20  # more than a 100k-chunk search reads (sign bits, shortlist, postings)
 
@@ -72,6 +77,34 @@ def _query_timings(encoders: dict[str, Encoder]) -> dict[str, list[float]]:
     return timings
 
 
+def _attention_winner(spec: ModelSpec, texts: list[str]) -> dict[str, str] | None:
+    """Where the AMX attention kernel runs, bf16 bulk with it against SDPA: passes taken
+    in turn, medians of ``ATTENTION_ROUNDS``. None where there is no choice to make."""
+    from ssindex.backends.torch_backend import TorchBackend
+
+    if not attention.wanted():
+        return None
+    kernel = TorchBackend(spec, "cpu", "bf16", {"backend": attention.NAME})
+    if kernel.attn_implementation != attention.NAME:  # a model or build it cannot take
+        return None
+    encoders = {attention.NAME: Encoder(kernel, spec),
+                "sdpa": Encoder(TorchBackend(spec, "cpu", "bf16", {"backend": "sdpa"}), spec)}
+    rates: dict[str, list[float]] = {name: [] for name in encoders}
+    for encoder in encoders.values():
+        encoder.encode(texts[:4])
+    for _ in range(ATTENTION_ROUNDS):
+        for name, encoder in encoders.items():
+            started = time.perf_counter()
+            encoder.encode(texts)
+            rates[name].append(len(texts) / (time.perf_counter() - started))
+    kernel_rate, sdpa_rate = (round(statistics.median(rates[n]), 1) for n in encoders)
+    if kernel_rate >= sdpa_rate:
+        return {"backend": attention.NAME,
+                "figure": f"{kernel_rate} vs SDPA's {sdpa_rate} chunks/s in bf16"}
+    return {"backend": "sdpa",
+            "figure": f"{sdpa_rate} vs the AMX kernel's {kernel_rate} chunks/s in bf16"}
+
+
 def calibrate(model: str | None = None) -> dict[str, Any]:
     """Measure, store and return the per-phase figures and winners."""
     inventory = detect()
@@ -103,6 +136,9 @@ def calibrate(model: str | None = None) -> dict[str, Any]:
         "embed_query": {"backend": query_winner,
                         "figure": f"{timed[query_winner]['query_ms_p50']} ms/query"},
     }
+    winner = _attention_winner(spec, texts)
+    if winner:
+        phases["attention"] = winner
     record = {"machine": machine_key(inventory), "model": spec.model_id,
               "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "phases": phases, "figures": figures}

@@ -6,11 +6,12 @@ from __future__ import annotations
 from typing import Any
 
 from ssindex.backends.base import runtime_errors
+from ssindex.backends.calibration import load_calibration
 from ssindex.backends.inventory import Inventory, detect
 from ssindex.backends.model import ModelSpec
 from ssindex.backends.names import PHASES
 from ssindex.backends.registry import create
-from ssindex.backends.selector import load_calibration, probe, select
+from ssindex.backends.selector import probe, select
 from ssindex.errors import SsindexError, first_line
 from ssindex.tools.calibrate import runnable_backends
 
