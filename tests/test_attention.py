@@ -69,26 +69,42 @@ def test_a_bf16_cpu_model_runs_the_kernel_exactly_where_it_can() -> None:
 
 
 def test_a_kernel_that_cannot_build_leaves_sdpa_and_a_reason(tmp_path: Path) -> None:
-    """No compiler: on an AMX CPU the backend falls back to SDPA with the reason in its
-    note; on any other CPU the reason is its missing AMX. Its own process, since the
-    kernel is installed once per process."""
+    """No compiler: on an AMX CPU the selection falls back to SDPA, with the reason in
+    its fallback reason and a warning; on any other CPU the reason is its missing AMX,
+    and nothing is said. Its own process, since the kernel is installed once per process."""
     script = ("import json; from ssindex.backends import attention; "
-              "from ssindex.backends.torch_backend import TorchBackend; "
-              "from ssindex.backends.model import ModelSpec; "
-              "b = TorchBackend(ModelSpec.resolve(None), 'cpu', 'bf16'); "
-              "print(json.dumps([attention.install(), b.attn_implementation, "
-              "b.attention_fallback]))")
+              "from ssindex.backends.selector import select; "
+              "from ssindex.backends.model import ModelSpec; warnings = []; "
+              "s = select('embed_bulk', ModelSpec.resolve(None), 'torch-cpu-bf16', "
+              "warn=warnings.append); print(json.dumps([attention.install(), "
+              "s.backend.attn_implementation, s.fallback_reason, s.reason, warnings]))")
     env = {**os.environ, "CXX": str(tmp_path / "no-such-compiler"),
            "SSINDEX_CACHE_DIR": str(tmp_path / "cache")}
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
                           text=True, check=True, timeout=300)
-    why_not, implementation, fallback = json.loads(done.stdout.splitlines()[-1])
-    assert implementation is None
+    why_not, implementation, fallback, reason, warnings = json.loads(
+        done.stdout.splitlines()[-1])
+    assert implementation is None and reason == "explicitly requested"
     if attention.wanted():
         assert "did not build" in why_not and "no C++ compiler" in why_not
         assert fallback.startswith("AMX attention unavailable, SDPA runs:")
+        assert warnings == [f"embed_bulk: {fallback}"]
     else:
-        assert why_not.startswith("not wanted here") and fallback == ""
+        assert why_not.startswith("not wanted here") and fallback is None and warnings == []
+
+
+def test_the_selection_says_which_attention_runs() -> None:
+    """The bulk selection's reason names the kernel where it runs, as a build's summary,
+    ``doctor`` and each Ray actor's report show it; elsewhere it says nothing of it."""
+    from ssindex.backends.selector import select
+
+    warnings: list[str] = []
+    selection = select("embed_bulk", ModelSpec.resolve(None), "torch-cpu-bf16",
+                       warn=warnings.append)
+    runs_here = attention.install() == ""
+    assert selection.reason == ("explicitly requested; attention: AMX kernel" if runs_here
+                                else "explicitly requested")
+    assert selection.fallback_reason is None and warnings == []
 
 
 def test_a_calibrated_winner_picks_the_attention_and_says_so(

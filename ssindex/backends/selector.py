@@ -137,7 +137,7 @@ def select(
                 f"{explicit}: {exc}")}):
             backend = create(explicit, model, inventory)
             probe(backend)
-        return Selection(phase, explicit, "explicitly requested", backend)
+        return _noted(Selection(phase, explicit, "explicitly requested", backend), warn)
     failures: list[str] = []
     expected: tuple[type[Exception], ...] = (SsindexError, *runtime_errors())
     for name, reason in candidates(phase, inventory, load_calibration(inventory)):
@@ -149,5 +149,22 @@ def select(
             if warn is not None:
                 warn(f"{phase}: {name} could not run ({exc}); falling back")
             continue
-        return Selection(phase, backend.name, reason, backend, "; ".join(failures) or None)
+        return _noted(Selection(phase, backend.name, reason, backend,
+                                "; ".join(failures) or None), warn)
     raise BackendUnavailable(f"no backend can run {phase}: " + "; ".join(failures))
+
+
+def _noted(selection: Selection, warn: Callable[[str], None] | None) -> Selection:
+    """Which attention a bf16 torch model runs on an AMX CPU joins the reason; a kernel
+    that could not be built (SDPA runs instead) joins the fallback reason and is warned
+    about. Only ``TorchBackend`` has these notes; read by name, so that choosing a query
+    backend does not import the torch backend's module."""
+    note = getattr(selection.backend, "attention_note", "")
+    fallback = getattr(selection.backend, "attention_fallback", "")
+    if note:
+        selection.reason = f"{selection.reason}; {note}"
+    if fallback:
+        if warn is not None:
+            warn(f"{selection.phase}: {fallback}")
+        selection.fallback_reason = "; ".join(filter(None, [selection.fallback_reason, fallback]))
+    return selection

@@ -205,24 +205,10 @@ class LazyEncoder:
         selection = select(phase, self.model, None if query else self._explicit,
                            inventory=detect(with_torch=not query), warn=self._progress.message)
         if not query:
-            self._note_attention(selection)
             self._compile(selection)
         encoder = Encoder(selection.backend, self.model, self._cfg.embed.batch_tokens)
         self._pool.keep((phase, self.model.key, self._explicit), selection, encoder)
         return selection, encoder
-
-    def _note_attention(self, selection: Selection) -> None:
-        """Say in the report which attention a bf16 CPU model runs; an AMX CPU whose
-        kernel could not be built falls back to SDPA, visibly."""
-        backend = selection.backend
-        if not isinstance(backend, TorchBackend):
-            return
-        if backend.attention_note:
-            selection.reason = f"{selection.reason}; {backend.attention_note}"
-        if backend.attention_fallback:
-            self._progress.message(f"embed_bulk: {backend.attention_fallback}")
-            selection.fallback_reason = "; ".join(
-                filter(None, [selection.fallback_reason, backend.attention_fallback]))
 
     def _compile(self, selection: Selection) -> None:
         """Compile the bulk model when the build is large enough to repay it; a compile
