@@ -108,10 +108,38 @@ def test_the_selection_says_which_attention_runs() -> None:
 
 
 def test_a_calibrated_winner_picks_the_attention_and_says_so(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The attention ``ssindex calibrate`` found faster for this model: SDPA, or the
+    kernel, each named with its figure; a winner measured on another model is not
+    followed. On any CPU: the machine's answers (AMX, a kernel that installs) are set."""
+    from ssindex.backends import torch_backend
+
+    model = ModelSpec.resolve(None)
+    monkeypatch.setattr(attention, "wanted", lambda: True)
+    monkeypatch.setattr(attention, "install", lambda: "")
+
+    def chosen(backend: str, measured_on: str = model.model_id) -> tuple[str | None, str, str]:
+        winner = {"backend": backend, "figure": "9 vs 8", "model": measured_on}
+        return torch_backend._attention(model, "cpu", "bf16", winner)
+
+    assert chosen("sdpa") == (None, "attention: SDPA, calibrated winner (9 vs 8)", "")
+    assert chosen(attention.NAME) == (
+        attention.NAME, "attention: AMX kernel, calibrated winner (9 vs 8)", "")
+    assert chosen("sdpa", "other-model@0123456789ab") == (
+        attention.NAME, "attention: AMX kernel", "")
+    monkeypatch.setattr(attention, "install", lambda: "no C++ compiler")
+    assert chosen(attention.NAME) == (None, "", "AMX attention unavailable, SDPA runs: "
+                                                "no C++ compiler")
+    assert chosen("sdpa")[:2] == (None, "attention: SDPA, calibrated winner (9 vs 8)")
+    monkeypatch.setattr(attention, "wanted", lambda: False)
+    assert chosen("sdpa") == (None, "", "")
+    assert torch_backend._attention(model, "cpu", "fp32", {}) == (None, "", "")
+
+
+def test_the_stored_winner_reaches_the_bf16_backend(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``ssindex calibrate``'s attention winner for this machine, read where the bf16
-    backend is created: SDPA where it was faster, the kernel where it was, each with
-    its figure in the report; a CPU without AMX has no choice and nothing to say."""
+    """A stored SDPA winner for this machine and model is what ``create`` builds, on an
+    AMX CPU; elsewhere there is no choice and nothing to say."""
     from ssindex.backends.calibration import CALIBRATION_FILE, machine_key
     from ssindex.backends.inventory import detect
     from ssindex.backends.registry import create
@@ -119,19 +147,16 @@ def test_a_calibrated_winner_picks_the_attention_and_says_so(
 
     monkeypatch.setenv("SSINDEX_CONFIG_DIR", str(tmp_path))
     model = ModelSpec.resolve(None)
-    for winner, implementation, note in [
-            ("sdpa", None, "attention: SDPA, calibrated winner (9 vs 8)"),
-            (attention.NAME, attention.NAME, "attention: AMX kernel, calibrated winner (9 vs 8)")]:
-        record = {"machine": machine_key(detect()),
-                  "phases": {"attention": {"backend": winner, "figure": "9 vs 8"}}}
-        (tmp_path / CALIBRATION_FILE).write_text(json.dumps(record))
-        backend = create("torch-cpu-bf16", model, detect())
-        assert isinstance(backend, TorchBackend) and backend.attention_fallback == ""
-        if attention.wanted():
-            assert backend.attn_implementation == implementation
-            assert backend.attention_note == note
-        else:
-            assert backend.attention_note == ""
+    record = {"machine": machine_key(detect()), "phases": {"attention": {
+        "backend": "sdpa", "figure": "9 vs 8", "model": model.model_id}}}
+    (tmp_path / CALIBRATION_FILE).write_text(json.dumps(record))
+    backend = create("torch-cpu-bf16", model, detect())
+    assert isinstance(backend, TorchBackend) and backend.attn_implementation is None
+    assert backend.attention_note == ("attention: SDPA, calibrated winner (9 vs 8)"
+                                      if attention.wanted() else "")
+    unfollowed = create("torch-cpu-bf16", model, detect(), calibrated={})
+    assert isinstance(unfollowed, TorchBackend)
+    assert (unfollowed.attn_implementation == attention.NAME) == (attention.install() == "")
 
 
 def test_the_switch_keeps_sdpa() -> None:

@@ -357,15 +357,37 @@ def test_calibrate_stores_winners_that_doctor_and_auto_use(
     assert all(f["bulk_chunks_per_s"] > 0 and f["query_ms_p50"] > 0 for f in timed.values())
     for name, figure in timed.items():
         assert f"{figure['bulk_chunks_per_s']} chunks/s in bulk" in screen, (name, screen)
-    if attention.wanted():  # an AMX CPU: bf16 bulk timed with the kernel and with SDPA
+    if attention.install() == "":  # an AMX CPU: bf16 timed with the kernel and with SDPA
         assert record["phases"]["attention"]["backend"] in (attention.NAME, "sdpa")
+        assert record["phases"]["attention"]["model"] == record["model"]
         assert f"attention → {record['phases']['attention']['backend']} (" in screen
     else:
         assert "attention" not in record["phases"]
+    assert "attention_error" not in record
     report = cli_json("doctor")
     assert report["calibrated"]["embed_query"]["backend"] == record["phases"]["embed_query"][
         "backend"]
     assert report["phases"]["embed_query"]["reason"].startswith("calibrated winner")
+
+
+def test_a_calibration_of_another_shape_is_left_out(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A calibration file edited by hand or by another version never breaks a backend's
+    creation nor ``doctor``: entries of another shape are left out, figures optional."""
+    from ssindex.backends.calibration import CALIBRATION_FILE, load_calibration, machine_key
+
+    monkeypatch.setenv("SSINDEX_CONFIG_DIR", str(tmp_path))
+    machine = machine_key(detect())
+    for phases in (None, "x", [1], {"attention": "sdpa", "embed_query": {"figure": "1 ms"}}):
+        (tmp_path / CALIBRATION_FILE).write_text(json.dumps({"machine": machine,
+                                                              "phases": phases}))
+        assert load_calibration(detect()) == {}
+        assert create("torch-cpu-fp32", ModelSpec.resolve(None), detect()) is not None
+    (tmp_path / CALIBRATION_FILE).write_text(json.dumps({"machine": machine, "phases": {
+        "embed_query": {"backend": "onnx-cpu"}, "attention": ["sdpa"]}}))
+    assert load_calibration(detect()) == {"embed_query": {"backend": "onnx-cpu"}}
+    done = run_cli("doctor")
+    assert "embed_query: onnx-cpu (?)" in " ".join(done.stdout.replace("│", " ").split())
 
 
 def test_model_fingerprint_is_remembered_until_a_file_is_rewritten(

@@ -1,10 +1,10 @@
-"""What ``ssindex calibrate`` stored for this machine: a winner per phase, and per
-attention implementation where the AMX kernel runs (``backends.attention``)."""
+"""What ``ssindex calibrate`` stored for this machine: a winner per phase (a backend and
+its figure), and where the AMX attention kernel runs (``backends.attention``), the
+attention that won for the model it was measured on (under ``attention``)."""
 
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from ssindex.backends.inventory import Inventory
 from ssindex.util.dirs import config_dir
@@ -18,12 +18,19 @@ def machine_key(inventory: Inventory) -> str:
     return f"{inventory.cpu_model}|{inventory.cpu_count}|{gpus}|{inventory.system}"
 
 
-def load_calibration(inventory: Inventory) -> dict[str, Any]:
-    """Calibrated winners per phase for this machine, or ``{}``."""
+def load_calibration(inventory: Inventory) -> dict[str, dict[str, str]]:
+    """Calibrated winners for this machine, by phase (and ``attention``), each a
+    ``backend`` and its ``figure``; ``{}`` for none. Entries of another shape (a file
+    edited by hand, or written by another version) are left out, never a crash."""
     try:
         data = json.loads((config_dir() / CALIBRATION_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
     if not isinstance(data, dict) or data.get("machine") != machine_key(inventory):
         return {}
-    return dict(data.get("phases", {}))
+    phases = data.get("phases")
+    if not isinstance(phases, dict):
+        return {}
+    return {phase: {key: str(value) for key, value in winner.items()}
+            for phase, winner in phases.items()
+            if isinstance(winner, dict) and isinstance(winner.get("backend"), str)}

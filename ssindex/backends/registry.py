@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
+from typing import Any
 
 from ssindex.backends.base import EmbeddingBackend
 from ssindex.backends.calibration import load_calibration
@@ -16,7 +17,8 @@ from ssindex.backends.model import ModelSpec
 from ssindex.backends.names import BACKENDS
 from ssindex.errors import BackendUnavailable, ConfigError
 
-Factory = Callable[[ModelSpec, Inventory], EmbeddingBackend]
+Factory = Callable[[ModelSpec, Inventory, dict[str, Any]], EmbeddingBackend]
+"""A backend's maker: the model, the machine, and the calibration phases to follow."""
 
 _ONNX_HINTS = {
     "onnx-cuda": "install ssindex[cuda] (onnxruntime-gpu in place of onnxruntime) on a "
@@ -25,15 +27,16 @@ _ONNX_HINTS = {
 }
 
 
-def _torch_cpu(precision: str | None, model: ModelSpec,
-               inventory: Inventory) -> EmbeddingBackend:
+def _torch_cpu(precision: str | None, model: ModelSpec, inventory: Inventory,
+               calibrated: dict[str, Any]) -> EmbeddingBackend:
     from ssindex.backends.torch_backend import TorchBackend
 
     chosen = precision or ("bf16" if inventory.bf16_fast else "fp32")
-    return TorchBackend(model, "cpu", chosen, load_calibration(inventory).get("attention"))
+    return TorchBackend(model, "cpu", chosen, calibrated.get("attention"))
 
 
-def _torch_cuda(model: ModelSpec, inventory: Inventory) -> EmbeddingBackend:
+def _torch_cuda(model: ModelSpec, inventory: Inventory,
+                calibrated: dict[str, Any]) -> EmbeddingBackend:
     from ssindex.backends.torch_backend import TorchBackend
 
     if not inventory.cuda_devices:
@@ -44,7 +47,8 @@ def _torch_cuda(model: ModelSpec, inventory: Inventory) -> EmbeddingBackend:
     return TorchBackend(model, "cuda", "bf16")
 
 
-def _torch_mps(model: ModelSpec, inventory: Inventory) -> EmbeddingBackend:
+def _torch_mps(model: ModelSpec, inventory: Inventory,
+               calibrated: dict[str, Any]) -> EmbeddingBackend:
     from ssindex.backends.torch_backend import TorchBackend
 
     if not inventory.mps:
@@ -52,7 +56,8 @@ def _torch_mps(model: ModelSpec, inventory: Inventory) -> EmbeddingBackend:
     return TorchBackend(model, "mps", "fp16")
 
 
-def _onnx(name: str, model: ModelSpec, inventory: Inventory) -> EmbeddingBackend:
+def _onnx(name: str, model: ModelSpec, inventory: Inventory,
+          calibrated: dict[str, Any]) -> EmbeddingBackend:
     try:
         import onnxruntime  # noqa: F401
     except ImportError as exc:
@@ -68,7 +73,8 @@ def _onnx(name: str, model: ModelSpec, inventory: Inventory) -> EmbeddingBackend
         raise BackendUnavailable(f"{name}: {exc}" + (f"; {hint}" if hint else "")) from exc
 
 
-def _coreml(model: ModelSpec, inventory: Inventory) -> EmbeddingBackend:
+def _coreml(model: ModelSpec, inventory: Inventory,
+            calibrated: dict[str, Any]) -> EmbeddingBackend:
     from ssindex.backends.coreml_backend import CoreMLBackend
 
     return CoreMLBackend(model)
@@ -85,9 +91,13 @@ FACTORIES: dict[str, Factory] = {
 }
 
 
-def create(name: str, model: ModelSpec, inventory: Inventory) -> EmbeddingBackend:
-    """Instantiate backend ``name`` or raise ``BackendUnavailable`` saying what is missing."""
+def create(name: str, model: ModelSpec, inventory: Inventory,
+           calibrated: dict[str, Any] | None = None) -> EmbeddingBackend:
+    """Instantiate backend ``name`` or raise ``BackendUnavailable`` saying what is missing.
+    ``calibrated``: the calibration phases it follows (the bf16 CPU backend's attention);
+    None reads those stored for this machine, ``{}`` follows none (``calibrate``)."""
     factory = FACTORIES.get(name)
     if factory is None:
         raise ConfigError(f"unknown backend {name!r} (backends: {', '.join(BACKENDS)})")
-    return factory(model, inventory)
+    return factory(model, inventory,
+                   load_calibration(inventory) if calibrated is None else calibrated)

@@ -132,17 +132,18 @@ def select(
 ) -> Selection:
     """Choose, create and probe the backend for ``phase``."""
     inventory = inventory or detect()
+    calibrated = load_calibration(inventory)
     if explicit:
         with map_exceptions({runtime_errors(): lambda exc: BackendUnavailable(
                 f"{explicit}: {exc}")}):
-            backend = create(explicit, model, inventory)
+            backend = create(explicit, model, inventory, calibrated)
             probe(backend)
         return _noted(Selection(phase, explicit, "explicitly requested", backend), warn)
     failures: list[str] = []
     expected: tuple[type[Exception], ...] = (SsindexError, *runtime_errors())
-    for name, reason in candidates(phase, inventory, load_calibration(inventory)):
+    for name, reason in candidates(phase, inventory, calibrated):
         try:
-            backend = create(name, model, inventory)
+            backend = create(name, model, inventory, calibrated)
             probe(backend)
         except expected as exc:  # auto mode: a backend that cannot run yields to the next
             failures.append(f"{name} unavailable: {exc}")

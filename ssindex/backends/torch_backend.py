@@ -71,7 +71,8 @@ class TorchBackend:
     and CUDA, fp16 for MPS). ``batch_tokens`` is the token budget this device runs
     best at (``Encoder`` batches by it unless configured otherwise). ``attention_winner``
     is what ``ssindex calibrate`` measured for attention on this machine (its
-    ``backend``, ``attention.NAME`` or ``"sdpa"``, and ``figure``), if anything.
+    ``backend``, ``attention.NAME`` or ``"sdpa"``, its ``figure`` and the ``model`` it
+    was measured on), if anything.
     """
 
     def __init__(self, model: ModelSpec, device: str = "cpu", precision: str = "fp32",
@@ -223,10 +224,13 @@ def _attention(model: ModelSpec, device: str, precision: str,
     """The attention implementation for bf16 on a CPU (None: transformers' default,
     SDPA where supported), which one the report names, and why the kernel could not
     run. The AMX kernel (``backends.attention``) runs where it can, unless calibration
-    found SDPA faster on this machine; elsewhere nothing is said."""
+    found SDPA faster on this machine for this model (``winner``, measured on the model
+    it names); elsewhere nothing is said."""
     if ((device, precision) != ("cpu", "bf16") or not attention.wanted()
             or attention.unsupported(model.config, model.card.hidden_size, SDPA_MASKED)):
         return None, "", ""
+    if winner and winner.get("model") != model.model_id:
+        winner = {}
     calibrated = f", calibrated winner ({winner['figure']})" if winner.get("figure") else ""
     if winner.get("backend") == "sdpa":
         return None, f"attention: SDPA{calibrated}", ""

@@ -183,7 +183,7 @@ def doctor_table(report: dict[str, Any]) -> Table:
         *_card_rows(report["card"]),
         *report.get("backends", {}).items(),
         *((phase, _backend_line(choice)) for phase, choice in report["phases"].items()),
-        *(("calibrated", f"{phase}: {winner['backend']} ({winner['figure']})")
+        *(("calibrated", f"{phase}: {winner['backend']} ({winner.get('figure', '?')})")
           for phase, winner in report["calibrated"].items()),
         *(("warning", warning) for warning in report["warnings"]),
     ]
@@ -213,6 +213,9 @@ def calibration_text(record: dict[str, Any]) -> Text:
     for phase, winner in record["phases"].items():
         text.append(phase, style="green").append(
             f" → {winner['backend']} ({winner['figure']})\n")
+    if "attention_error" in record:
+        text.append(f"attention kernel not compared: {record['attention_error']}\n",
+                    style="yellow")
     return text.append(f"stored in {record['stored_at']}")
 
 
