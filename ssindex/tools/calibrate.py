@@ -81,25 +81,20 @@ def _query_timings(encoders: dict[str, Encoder]) -> dict[str, list[float]]:
     return timings
 
 
-def _attention_winner(spec: ModelSpec, texts: list[str]) -> dict[str, str] | None:
-    """Where the AMX attention kernel runs, bf16 bulk with it against SDPA: passes taken
+def _attention_winner(spec: ModelSpec, texts: list[str],
+                      bf16: Encoder | None) -> dict[str, str] | None:
+    """Where the AMX attention kernel runs, bf16 bulk with it (``bf16``: the encoder
+    timed as ``torch-cpu-bf16``, which runs it where it can) against SDPA: passes taken
     in turn, medians of ``ATTENTION_ROUNDS``, for ``spec`` (the winner names it); the
     kernel stays unless SDPA wins by ``SDPA_MARGIN``. None where there is no choice."""
     from ssindex.backends.torch_backend import TorchBackend
 
-    if not attention.wanted():
-        return None
-    def variant(name: str) -> TorchBackend:
-        return TorchBackend(spec, "cpu", "bf16", {"backend": name, "model": spec.model_id})
-
-    kernel_backend = variant(attention.NAME)
-    if kernel_backend.attn_implementation != attention.NAME:
-        return None  # a model it cannot take, or a kernel that cannot build here
-    encoders = {attention.NAME: Encoder(kernel_backend, spec),
-                "sdpa": Encoder(variant("sdpa"), spec)}
+    if bf16 is None or getattr(bf16.backend, "attn_implementation", None) != attention.NAME:
+        return None  # no AMX, a model it cannot take, or a kernel that cannot build here
+    sdpa_backend = TorchBackend(spec, "cpu", "bf16", {"backend": "sdpa", "model": spec.model_id})
+    encoders = {attention.NAME: bf16, "sdpa": Encoder(sdpa_backend, spec)}
+    encoders["sdpa"].encode(texts[:4])
     rates: dict[str, list[float]] = {name: [] for name in encoders}
-    for encoder in encoders.values():
-        encoder.encode(texts[:4])
     for _ in range(ATTENTION_ROUNDS):
         for name, encoder in encoders.items():
             started = time.perf_counter()
@@ -148,7 +143,7 @@ def calibrate(model: str | None = None) -> dict[str, Any]:
               "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "phases": phases, "figures": figures}
     try:
-        winner = _attention_winner(spec, texts)
+        winner = _attention_winner(spec, texts, encoders.get("torch-cpu-bf16"))
     except Exception as exc:  # reported, as a backend that cannot run is
         record["attention_error"] = str(exc)
     else:
