@@ -6,6 +6,7 @@ import json
 import os
 import random
 import shutil
+import subprocess
 import sysconfig
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,15 @@ def copy_stdlib(root: Path, packages: str, everything: bool) -> None:
         shutil.copytree(STDLIB / name, root / name, ignore=ignore)
 
 
+def child_stdout(command: list[str], **options: Any) -> str:
+    """The stdout of a benchmark's child process; where it fails, exit with its stderr,
+    which ``subprocess.CalledProcessError`` alone would leave unseen."""
+    done = subprocess.run(command, capture_output=True, text=True, **options)
+    if done.returncode:
+        raise SystemExit(f"{Path(command[0]).name} exited {done.returncode}:\n{done.stderr}")
+    return done.stdout
+
+
 def report(result: dict[str, Any], as_json: bool) -> None:
     """One JSON object, or an aligned two-column table."""
     if as_json:
@@ -77,7 +87,7 @@ class NoForward:
         return out
 
 
-registry.FACTORIES["torch-cpu-fp32"] = lambda model, inventory: NoForward(model.dim)
+registry.FACTORIES["torch-cpu-fp32"] = lambda model, inventory, calibrated: NoForward(model.dim)
 BACKENDS = {"embed_bulk": "torch-cpu-fp32"}
 '''
 """Code for a benchmark's build process: the ``torch-cpu-fp32`` backend without its forward

@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _corpus import NO_FORWARD, copy_stdlib, report, without_shared_cache
+from _corpus import NO_FORWARD, child_stdout, copy_stdlib, report, without_shared_cache
 from _machine import cpu_label
 
 SMALL = "json,email"
@@ -51,10 +50,9 @@ def peak(packages: str, trim: bool, no_forward: bool, workdir: Path) -> dict[str
         tree = Path(tmp) / "tree"
         copy_stdlib(tree, packages, everything=packages == "all")
         stub = [NO_FORWARD] if no_forward else []
-        done = subprocess.run([sys.executable, "-c", _BUILD, str(tree), str(Path(tmp) / "index"),
-                               "on" if trim else "off", *stub], capture_output=True, text=True,
-                              check=True)
-        return json.loads(done.stdout.splitlines()[-1])  # type: ignore[no-any-return]
+        out = child_stdout([sys.executable, "-c", _BUILD, str(tree), str(Path(tmp) / "index"),
+                            "on" if trim else "off", *stub])
+        return json.loads(out.splitlines()[-1])  # type: ignore[no-any-return]
 
 
 def main() -> None:

@@ -23,13 +23,12 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _corpus import NO_FORWARD, copy_stdlib, report, without_shared_cache
+from _corpus import NO_FORWARD, child_stdout, copy_stdlib, report, without_shared_cache
 from _machine import cpu_label
 
 GPU_CHUNKS_PER_S = 20_000
@@ -60,10 +59,9 @@ HERE = Path(__file__).resolve().parents[1]
 
 def run(tree: Path, workers: int, workdir: Path, code: Path = HERE) -> dict[str, object]:
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
-        done = subprocess.run([sys.executable, "-c", _BUILD, str(tree), str(Path(tmp) / "index"),
-                               str(workers)], capture_output=True, text=True, check=True,
-                              env={**os.environ, "PYTHONPATH": str(code)})
-        return json.loads(done.stdout.splitlines()[-1])
+        out = child_stdout([sys.executable, "-c", _BUILD, str(tree), str(Path(tmp) / "index"),
+                            str(workers)], env={**os.environ, "PYTHONPATH": str(code)})
+        return json.loads(out.splitlines()[-1])  # type: ignore[no-any-return]
 
 
 def _median(runs: list[dict[str, object]], key: str) -> float:
