@@ -25,6 +25,8 @@ err = Console(stderr=True)
 
 IndexOpt = Annotated[str | None, typer.Option(
     "--index", help="Index directory, or an object-store URI (s3://bucket/prefix).")]
+LocalIndexOpt = Annotated[str | None, typer.Option(
+    "--index", help="Index directory, a local one (default: .ssindex in the tree).")]
 BackendOpt = Annotated[list[str] | None, typer.Option(
     "--backend", help="PHASE=NAME, repeatable (phases: embed_bulk, embed_query).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object to stdout.")]

@@ -16,6 +16,7 @@ from ssindex.cli.app import (
     DebounceOpt,
     DimsOpt,
     IndexOpt,
+    LocalIndexOpt,
     ModelOpt,
     NoCacheOpt,
     RootOpt,
@@ -70,7 +71,7 @@ def _watched_root(root: Path | None, index: str | None) -> Path:
 @app.command()
 def watch(
     path: Annotated[Path, typer.Argument(help="Directory to keep indexed.")] = Path("."),
-    index: IndexOpt = None, config: ConfigOpt = None, model: ModelOpt = None,
+    index: LocalIndexOpt = None, config: ConfigOpt = None, model: ModelOpt = None,
     dims: DimsOpt = None, trust_remote_code: TrustOpt = False, backend: BackendOpt = None,
     debounce: DebounceOpt = DEBOUNCE_MS,
     threads: Annotated[int | None, typer.Option(
@@ -132,7 +133,7 @@ def mcp_config(
     client: Annotated[str, typer.Option(
         "--client", help="claude, codex, cursor or generic.")] = "generic",
     root: Annotated[Path, typer.Option("--root", help="The repository to serve.")] = Path("."),
-    index: IndexOpt = None,
+    index: LocalIndexOpt = None,
 ) -> None:
     """Print the snippet that registers `ssindex serve --watch` with a coding agent."""
     from ssindex.tools.clients import snippet
