@@ -9,13 +9,19 @@ CPU vectors of a sample as the reference):
 
 There (needs torch, transformers, tokenizers, safetensors, numpy and pyarrow):
 
-    python benchmarks/gpu_check.py --texts DIR/texts.json.gz --model DIR/model [--out FILE]
+    SSINDEX_AMX_ATTENTION=0 python benchmarks/gpu_check.py --texts DIR/texts.json.gz \
+        --model DIR/model [--out FILE]
+
+(``SSINDEX_AMX_ATTENTION=0``: where the host CPU has AMX, the last step, what auto mode
+picks for queries, would otherwise build the CPU attention kernel with g++ first.)
 
 Reports the worst cosine against the fp32 reference, the tokenizer's rate, and for the
 embed stage on pre-tokenized chunks (as the build's workers hand them over): chunks/s
 and the fraction of the measured bf16 GEMM peak, with each pipelining choice (pinned
 buffers, one batch in flight, the token budget, chunks per call, ``torch.compile``,
-masks made ready for SDPA) turned on and off in the same run. ``--cpu-side-per-worker R``
+masks made ready for SDPA) turned on and off in the same run. Copies from pageable
+memory cannot run asynchronously, so ``embed_pinned_off`` also loses most of the overlap:
+it measures what pinning buys, overlap included. ``--cpu-side-per-worker R``
 (chunks/s of one worker, from ``pipeline_throughput.py``) adds the projected whole-stdlib
 build on this machine. ``--device cpu --limit 300`` rehearses it here. Each figure is
 written to ``--out`` as soon as it is measured.

@@ -119,6 +119,24 @@ def test_masks_made_ready_for_sdpa_give_the_vectors_of_transformers_masks(
         assert np.allclose(encoder.encode(texts), vectors, atol=1e-6), architecture
 
 
+def test_compile_covers_both_masks_of_a_cuda_pass(tmp_path: Path) -> None:
+    """With masks made ready for SDPA (CUDA), a batch without padding passes no mask and a
+    padded one a boolean mask: two graphs. ``compile`` builds both, so no real batch
+    compiles again (on a GPU that cost a second full compile outside the one timed)."""
+    from torch._dynamo.utils import counters
+
+    spec = ModelSpec.resolve(make_model(tmp_path / "bert", "bert"))
+    backend = TorchBackend(spec, "cpu", "fp32")
+    backend.host_masks = True
+    encoder = Encoder(backend, spec)
+    eager = [encoder.encode(texts) for texts in (TEXTS, [TEXTS[1]] * 3)]
+    backend.compile()
+    compiled = counters["stats"]["unique_graphs"]
+    for texts, vectors in zip((TEXTS, [TEXTS[1]] * 3), eager, strict=True):
+        assert np.allclose(encoder.encode(texts), vectors, atol=1e-5)
+    assert counters["stats"]["unique_graphs"] == compiled
+
+
 def test_a_model_saved_in_bf16_runs_in_float32_on_the_fp32_backends(tmp_path: Path) -> None:
     """Many models ship bf16 weights: the fp32 backends and the ONNX export upcast them
     (left in bf16, ONNX Runtime's CPU kernels refused the graph)."""

@@ -140,7 +140,12 @@ class TorchBackend:
                              name="ssindex-isa-probe").start()
         compiled = torch.compile(self._pooled, dynamic=True)
         ids = np.full((2, 16), 1000, dtype=np.int64)
-        self._run(compiled, ids, np.ones_like(ids))  # compiles now, not on a real batch
+        full, padded = np.ones_like(ids), np.ones_like(ids)
+        padded[1, 8:] = 0
+        # compiles now, not on a real batch; with ``host_masks`` a batch without padding
+        # passes no mask and a padded one a boolean mask: two graphs, both compiled here
+        for mask in (full, padded) if self.host_masks else (full,):
+            self._run(compiled, ids, mask)
         self._compiled = compiled
 
     def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
