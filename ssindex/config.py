@@ -132,10 +132,11 @@ _SECTIONS: dict[str, type] = {
 
 
 _BOUNDS: dict[tuple[str, str], tuple[float, float]] = {
-    ("walk", "max_file_bytes"): (1, math.inf),
+    ("walk", "max_file_bytes"): (1, 1 << 40),  # read whole: a file is read up to one past it
     ("walk", "max_average_line_chars"): (0, math.inf),
     ("chunk", "max_chars"): (1, math.inf),
-    ("chunk", "max_depth"): (1, math.inf),
+    # the AST split recurses once a level, and Python allows 1,000 frames in all
+    ("chunk", "max_depth"): (1, 512),
     # below 0.5, "near duplicates" would share less than half their shingles
     ("dedupe", "near_threshold"): (0.5, 1.0),
     ("dedupe", "num_perm"): (16, math.inf),  # LSH bands of up to 16 rows need as many
@@ -152,7 +153,9 @@ _BOUNDS: dict[tuple[str, str], tuple[float, float]] = {
 """Inclusive bounds of numeric settings; outside them a build would fail or be useless."""
 
 
-def _section(cls: type, values: dict[str, Any], name: str) -> Any:
+def _section(cls: type, values: Any, name: str) -> Any:
+    if not isinstance(values, dict):
+        raise ConfigError(f"[{name}] must be a table of settings, got {values!r}")
     known = {f.name: f for f in fields(cls)}
     unknown = sorted(set(values) - set(known))
     if unknown:
@@ -161,7 +164,7 @@ def _section(cls: type, values: dict[str, Any], name: str) -> Any:
     for key, value in values.items():
         default = getattr(cls(), key)
         if isinstance(default, tuple):
-            value = tuple(value)
+            value = _patterns(value, f"[{name}] {key}")
         elif (isinstance(default, bool) != isinstance(value, bool)
               or not isinstance(value, type(default))) and not (
                 isinstance(default, float) and isinstance(value, int | float)
@@ -175,6 +178,22 @@ def _section(cls: type, values: dict[str, Any], name: str) -> Any:
             raise ConfigError(f"[{name}] {key} must be {bound}, got {value!r}")
         converted[key] = value
     return cls(**converted)
+
+
+def _patterns(value: Any, where: str) -> tuple[str, ...]:
+    """A list of gitignore-style patterns, each one git would take."""
+    import re
+
+    import pathspec
+
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise ConfigError(f"{where} must be a list of strings, got {value!r}")
+    for pattern in value:
+        try:
+            pathspec.GitIgnoreSpec.from_lines([pattern])
+        except (ValueError, re.error) as exc:
+            raise ConfigError(f"{where}: not a gitignore pattern: {pattern!r} ({exc})") from exc
+    return tuple(value)
 
 
 def config_from_mapping(data: dict[str, Any]) -> BuildConfig:

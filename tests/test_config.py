@@ -40,7 +40,14 @@ def test_default_preset_spells_out_every_key() -> None:
                                   "[backends]\nindex = 'torch-cpu'\n",
                                   "[backends]\nembed_bulk = 'warp'\n",
                                   "[backends]\nembed_bulk = 3\n", "workers = -1\n",
-                                  "workers = 'all'\n", "workers = true\n"])
+                                  "workers = 'all'\n", "workers = true\n", "walk = 5\n",
+                                  "[walk]\nextra_ignores = 5\n",
+                                  "[walk]\nextra_ignores = '*.py'\n",
+                                  "[walk]\nextra_ignores = [1]\n",
+                                  "[walk]\nextra_ignores = ['!']\n",
+                                  "[walk]\nextra_ignores = ['[z-a]']\n",
+                                  "[walk]\nmax_file_bytes = 9223372036854775807\n",
+                                  "[chunk]\nmax_depth = 1000\n"])
 def test_bad_configs_are_rejected(tmp_path: Path, text: str) -> None:
     path = tmp_path / "c.toml"
     path.write_text(text)

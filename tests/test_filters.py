@@ -276,6 +276,8 @@ def test_context_lines_are_the_files_lines_around_each_result(tree: Path) -> Non
     (["--symbol", "a*b"], "--symbol 'a*b': a name"),
     (["--format", "xml"], "--format must be one of text, json, ndjson, vimgrep, files"),
     (["--json", "--format", "files"], "--json and --format files ask for two formats"),
+    (["--path", "!"], "bad path glob: Invalid git pattern"),
+    (["--exclude", "[z-a]"], "bad path glob: bad character range"),
 ])
 def test_a_bad_filter_or_format_is_one_line(tree: Path, options: list[str],
                                             message: str) -> None:

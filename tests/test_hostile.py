@@ -57,6 +57,23 @@ def test_bad_paths_are_clear_errors(tmp_path: Path) -> None:
         assert "Traceback" not in output and len(output.strip().splitlines()) == 1
 
 
+def test_an_index_needs_a_directory_of_its_own(tmp_path: Path) -> None:
+    """The tree, a directory above it, or a directory of other files would mix the index
+    with them: refused, and nothing written. An index's own directory is taken again."""
+    tree = tmp_path / "repo"
+    (tree / "sub").mkdir(parents=True)
+    (tree / "a.py").write_text("x = 1\n")
+    (tree / "sub" / "b.py").write_text("y = 2\n")
+    for index in (tree, tmp_path, tree / "sub"):
+        result = run_cli("build", str(tree), "--index", str(index), "--no-embed", check=False)
+        assert result.returncode == 2 and "Traceback" not in result.stderr
+        assert "a directory of its own" in result.stderr
+    assert sorted(p.name for p in tree.rglob("*")) == ["a.py", "b.py", "sub"]
+    for _ in range(2):
+        stats = cli_json("build", str(tree), "--index", str(tmp_path / "idx"), "--no-embed")
+        assert stats["files_indexed"] == 2
+
+
 def test_files_that_vanish_or_change_during_the_walk(tmp_path: Path) -> None:
     for name in "abcd":
         (tmp_path / f"{name}.py").write_text(f"{name} = 1\n")

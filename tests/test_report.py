@@ -49,6 +49,13 @@ def test_summary_table_renders_build_stats() -> None:
     assert "2 indexed of 3 seen" in out.getvalue() and "binary 1" in out.getvalue()
     assert "1 changed, 0 new, 2 removed, 1 read" in out.getvalue()
     assert "0 files skipped, 3 values redacted (this build: github_token 1)" in out.getvalue()
+    assert "binary 1 " in out.getvalue() and "unreadable" not in out.getvalue()
+    out = io.StringIO()
+    Console(file=out, width=160).print(summary_table(
+        stats | {"dirs_pruned": {"denied": 4, "unreadable": 2},
+                 "ignore_skipped": {"invalid_rule": 1}}))
+    assert ("binary 1; 2 unreadable directories; ignore rules not followed: invalid_rule 1"
+            in out.getvalue())
 
 
 def test_search_snippets_cut_long_lines_and_keep_short_ones() -> None:

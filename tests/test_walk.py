@@ -161,3 +161,37 @@ def test_index_dir_is_never_walked(tmp_path: Path) -> None:
     stats = WalkStats()
     files = [f.path for f in walk(tmp_path, WalkConfig(), stats, exclude=tmp_path / "idx")]
     assert files == ["a.py"] and stats.dirs_pruned["index_dir"] == 1
+
+
+def test_ignore_lines_git_would_skip_are_skipped_and_counted(tmp_path: Path) -> None:
+    """pathspec refuses a whole file for one line git takes as matching nothing."""
+    _write(tmp_path, ".gitignore", "!\n*.log\n[z-a]\n\\\n")
+    for rel in ["a.py", "b.log"]:
+        _write(tmp_path, rel, "x = 1\n")
+    files, stats = _walk(tmp_path)
+    assert files == ["a.py"]
+    assert stats.ignore_skipped == {"invalid_rule": 3}
+    assert not Rules(tmp_path, WalkConfig()).indexable("b.log")
+
+
+@pytest.mark.parametrize("target", ["fifo", "/dev/zero", "large"])
+def test_an_ignore_file_that_is_no_regular_file_is_not_read(tmp_path: Path, target: str) -> None:
+    """A FIFO would block the walk and /dev/zero fill the memory."""
+    _write(tmp_path, "a.py", "x = 1\n")
+    ignore = tmp_path / ".gitignore"
+    if target == "fifo":
+        os.mkfifo(ignore)
+    elif target == "large":
+        _write(tmp_path, ".gitignore", "*.py\n" + "#" * (1 << 20))
+    else:
+        ignore.symlink_to(target)
+    files, stats = _walk(tmp_path)
+    assert files == ["a.py"] and stats.ignore_skipped == {"unusable_file": 1}
+
+
+def test_a_git_file_is_no_content(tmp_path: Path) -> None:
+    """A worktree's or submodule's ``.git`` is a file pointing at the repository."""
+    _write(tmp_path, ".git", "gitdir: /elsewhere/.git/worktrees/x\n")
+    _write(tmp_path, "a.py", "x = 1\n")
+    files, stats = _walk(tmp_path)
+    assert files == ["a.py"] and stats.files_seen == 1

@@ -20,10 +20,7 @@ from ssindex.config import BuildConfig
 from ssindex.errors import ConfigError, IndexCorrupt, IndexNotWritable
 from ssindex.index.activity import Activity
 from ssindex.index.cache import VectorCache, enabled_by_environment
-from ssindex.index.layout import (
-    IndexDir,
-    default_index_path,
-)
+from ssindex.index.layout import HEAD, IndexDir, default_index_path
 from ssindex.index.lock import BuildLock
 from ssindex.index.remote import RemoteIndex, is_remote, resolve_index
 from ssindex.index.table import TableWriter
@@ -108,6 +105,7 @@ def build(
     explicit = (dict(cfg.backends) | (backend_overrides or {})).get("embed_bulk")
     root = check_root(Path(root))
     index = IndexDir(Path(index_path) if index_path else default_index_path(root))
+    _own_directory(index.path, root)
     index.ensure_writable()
     with _cluster(ray), BuildLock(index.path, warn=progress.message):
         activity = Activity(index.path)
@@ -364,6 +362,28 @@ def _secrets_tightened(previous: PreviousIndex, cfg: BuildConfig) -> bool:
     not: then no byte of its versions may stay behind."""
     walk = previous.head.data["settings"]["config"].get("walk", {})
     return bool(walk.get("allow_secrets")) and not cfg.walk.allow_secrets
+
+
+INDEX_ENTRIES = frozenset({HEAD, "db", "manifests", "lock", "staging"})
+"""What an index directory holds, besides dot files (its ``.gitignore``, files being
+written)."""
+
+
+def _own_directory(path: Path, root: Path) -> None:
+    """Refuse an index directory that would mix the index with other files: the tree
+    itself or a directory above it (the index would index itself, or leave the tree
+    out), or a directory of files that is not an index."""
+    path, other = path.resolve(), []
+    if root.is_relative_to(path):
+        raise ConfigError(f"index directory {path} holds the tree {root}: give the index a "
+                          f"directory of its own (the default is {root / '.ssindex'})")
+    with contextlib.suppress(OSError):  # none yet, or unreadable: ensure_writable says
+        other = sorted(name for name in os.listdir(path)
+                       if name not in INDEX_ENTRIES and not name.startswith("."))
+    if other:
+        raise ConfigError(f"index directory {path} holds other files ({', '.join(other[:3])}"
+                          f"{', …' if len(other) > 3 else ''}): an index needs a directory "
+                          "of its own")
 
 
 def _cluster(ray: RayOptions | None) -> contextlib.AbstractContextManager[Any]:

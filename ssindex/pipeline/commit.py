@@ -198,6 +198,7 @@ def build_stats(stats: RunStats, encode: EncodeStats | None, backend: BackendRep
         "files_indexed": stats.chunk.files,
         "files_skipped": dict(sorted(stats.walk.skipped.items())),
         "dirs_pruned": dict(sorted(stats.walk.dirs_pruned.items())),
+        "ignore_skipped": dict(sorted(stats.walk.ignore_skipped.items())),
         "secrets_allowed": cfg.walk.allow_secrets,
         "secrets_redacted": sum(entry["secrets_redacted"] for entry in stats.manifest),
         "secrets_redacted_now": dict(sorted(stats.walk.secrets_redacted.items())),

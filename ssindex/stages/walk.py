@@ -10,6 +10,7 @@ secret files are skipped, secret values redacted (``ssindex.text.secrets``).
 from __future__ import annotations
 
 import os
+import re
 import stat
 from collections import Counter
 from collections.abc import Iterator, Mapping
@@ -32,6 +33,8 @@ DENIED_DIRS: frozenset[str] = frozenset({
     "dist", "build", "target", ".gradle", ".idea", "vendor", "site-packages", ".eggs",
 })
 IGNORE_FILES: tuple[str, ...] = (".gitignore", ".ssindexignore")
+IGNORE_FILE_MAX_BYTES = 1 << 20
+"""Ignore files above this size are not read: a generated one of 30,000 lines is 1 MB."""
 _SNIFF_BYTES = 8192
 
 
@@ -43,6 +46,9 @@ class WalkStats:
     dirs_pruned: Counter[str] = field(default_factory=Counter)
     secrets_redacted: Counter[str] = field(default_factory=Counter)
     """Secret values redacted from the files read, by kind."""
+    ignore_skipped: Counter[str] = field(default_factory=Counter)
+    """Ignore rules not followed: lines git would not take (``invalid_rule``), and
+    ignore files that are not regular files or are too large (``unusable_file``)."""
 
     def add(self, other: WalkStats) -> None:
         """Count in what ``read`` counted elsewhere (in a worker process)."""
@@ -51,6 +57,7 @@ class WalkStats:
         self.skipped.update(other.skipped)
         self.dirs_pruned.update(other.dirs_pruned)
         self.secrets_redacted.update(other.secrets_redacted)
+        self.ignore_skipped.update(other.ignore_skipped)
 
 
 class Candidate(NamedTuple):
@@ -98,7 +105,7 @@ def discover(root: Path, cfg: WalkConfig, stats: WalkStats,
     """The files under ``root`` to ``read``, in sorted path order, without opening any."""
     root = check_root(root)
     excluded = exclude.resolve() if exclude is not None else None
-    extra = [_IgnoreScope("", _spec(cfg.extra_ignores))] if cfg.extra_ignores else []
+    extra = [_IgnoreScope("", _spec(cfg.extra_ignores, stats))] if cfg.extra_ignores else []
     yield from _walk_dir(root, root, "", extra, stats, excluded)
 
 
@@ -121,18 +128,50 @@ def check_root(root: Path) -> Path:
     return root.resolve()
 
 
-def _spec(lines: tuple[str, ...] | list[str]) -> pathspec.PathSpec:
-    return pathspec.GitIgnoreSpec.from_lines(lines)
+def _spec(lines: tuple[str, ...] | list[str], stats: WalkStats | None) -> pathspec.PathSpec:
+    """Git's rules of ``lines``. A line git would skip (``!``, ``[z-a]``) is skipped,
+    and counted: pathspec refuses the whole file for it."""
+    try:
+        return pathspec.GitIgnoreSpec.from_lines(lines)
+    except (ValueError, re.error):
+        kept = [line for line in lines if _takes(line)]
+        if stats is not None:
+            stats.ignore_skipped["invalid_rule"] += len(lines) - len(kept)
+        return pathspec.GitIgnoreSpec.from_lines(kept)
 
 
-def _load_scope(directory: Path, rel: str) -> _IgnoreScope | None:
-    lines: list[str] = []
-    for name in IGNORE_FILES:
+def _takes(line: str) -> bool:
+    try:
+        pathspec.GitIgnoreSpec.from_lines([line])
+    except (ValueError, re.error):
+        return False
+    return True
+
+
+def _load_scope(directory: Path, rel: str, stats: WalkStats | None) -> _IgnoreScope | None:
+    lines = [line for name in IGNORE_FILES for line in _ignore_lines(directory / name, stats)]
+    return _IgnoreScope(rel, _spec(lines, stats)) if lines else None
+
+
+def _ignore_lines(path: Path, stats: WalkStats | None) -> list[str]:
+    """The lines of one ignore file: none where there is none, and none, counted, where
+    it is not a regular file or is too large (a FIFO would block the walk; a link to
+    ``/dev/zero`` would fill the memory). Opened without blocking, then checked."""
+    try:
+        handle = os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb")
+    except OSError:
+        return []
+    with handle:
+        st = os.fstat(handle.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_size > IGNORE_FILE_MAX_BYTES:
+            if stats is not None:
+                stats.ignore_skipped["unusable_file"] += 1
+            return []
         try:
-            lines += (directory / name).read_text(encoding="utf-8", errors="replace").splitlines()
+            data = handle.read(IGNORE_FILE_MAX_BYTES)
         except OSError:
-            continue
-    return _IgnoreScope(rel, _spec(lines)) if lines else None
+            return []
+    return data.decode("utf-8", errors="replace").splitlines()
 
 
 def _ignored(rel: str, is_dir: bool, scopes: list[_IgnoreScope]) -> bool:
@@ -153,7 +192,8 @@ class Rules:
 
     def __init__(self, root: Path, cfg: WalkConfig) -> None:
         self._root = root
-        self._extra = [_IgnoreScope("", _spec(cfg.extra_ignores))] if cfg.extra_ignores else []
+        self._extra = ([_IgnoreScope("", _spec(cfg.extra_ignores, None))] if cfg.extra_ignores
+                       else [])
         self._scopes: dict[str, _IgnoreScope | None] = {}
 
     def forget(self) -> None:
@@ -175,7 +215,7 @@ class Rules:
 
     def _scope(self, rel_dir: str) -> list[_IgnoreScope]:
         if rel_dir not in self._scopes:
-            self._scopes[rel_dir] = _load_scope(self._root / rel_dir, rel_dir)
+            self._scopes[rel_dir] = _load_scope(self._root / rel_dir, rel_dir, None)
         scope = self._scopes[rel_dir]
         return [scope] if scope is not None else []
 
@@ -188,7 +228,7 @@ def _walk_dir(
     stats: WalkStats,
     excluded: Path | None,
 ) -> Iterator[Candidate]:
-    scope = _load_scope(directory, rel_dir)
+    scope = _load_scope(directory, rel_dir, stats)
     if scope is not None:
         scopes = [*scopes, scope]
     try:
@@ -217,7 +257,7 @@ def _walk_dir(
                 continue
             yield from _walk_dir(root, Path(entry.path), rel, scopes, stats, excluded)
             continue
-        if entry.name in IGNORE_FILES:
+        if entry.name in IGNORE_FILES or entry.name == ".git":  # rules, or a worktree's link
             continue
         stats.files_seen += 1
         if _ignored(rel, False, scopes):

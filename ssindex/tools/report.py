@@ -145,8 +145,18 @@ def _secrets_line(stats: dict[str, Any]) -> str:
             + (f" (this build: {now})" if now else ""))
 
 
+def _unfollowed(stats: dict[str, Any]) -> str:
+    """What the walk could not look into or follow: unreadable directories (their files
+    are not counted one by one) and ignore rules it skipped."""
+    unreadable = stats.get("dirs_pruned", {}).get("unreadable", 0)
+    rules = stats.get("ignore_skipped", {})
+    return ((f"; {unreadable} unreadable director{'y' if unreadable == 1 else 'ies'}"
+             if unreadable else "")
+            + (f"; ignore rules not followed: {plain(rules)}" if rules else ""))
+
+
 def summary_table(stats: dict[str, Any]) -> Table:
-    skipped = plain(stats["files_skipped"])
+    skipped = plain(stats["files_skipped"]) + _unfollowed(stats)
     bulk = stats["backends"]["embed_bulk"]
     rows = [
         ("files", f"{stats['files_indexed']} indexed of {stats['files_seen']} seen; "
