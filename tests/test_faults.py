@@ -242,6 +242,18 @@ def test_a_damaged_table_file_is_named_and_rebuilt_from_the_tree(tmp_path: Path)
     assert cli_json("repair", "--index", str(index))["damaged"] == []
 
 
+def test_a_table_whose_lance_manifest_is_lost_is_rebuilt_from_the_tree(tmp_path: Path) -> None:
+    """Lance cannot open a table whose latest manifest is empty, and writing it anew
+    reads that manifest first: the build removes the table and writes it again."""
+    root, index, answers = _built(tmp_path)
+    for manifest in (index / "db" / "chunks.lance" / "_versions").glob("*.manifest"):
+        manifest.write_bytes(b"")
+    result = run_cli("build", str(root), "--no-progress")
+    assert "rebuilding from scratch" in result.stderr and "cannot open chunks" in result.stderr
+    assert _search(index) == answers
+    assert cli_json("build", str(root), "--no-progress")["chunks_embedded"] == 0
+
+
 def test_a_file_that_vanishes_or_changes_between_walk_and_read(tmp_path: Path) -> None:
     """A file the walk trusted by its stat is read later (``reread``): gone by then, it
     is a counted skip; changed, it is read as it is now, with the hash of what was read."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import queue
+import shutil
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from datetime import timedelta
@@ -54,6 +55,7 @@ class TableWriter:
         changed = itertools.chain([] if first is None else [first], changed)
         db = self.index.connect()
         if self.previous is None or TABLE not in db.table_names():
+            _drop_if_unreadable(db, self.index)
             table = _stream_to(lambda reader: db.create_table(
                 TABLE, data=reader, schema=CHUNK_SCHEMA, mode="overwrite"), changed)
             return int(table.version)
@@ -107,6 +109,18 @@ class TableWriter:
             return
         with contextlib.suppress(Exception):  # best effort; the committed build is intact
             table.cleanup_old_versions(older_than=timedelta(hours=1), delete_unverified=False)
+
+
+def _drop_if_unreadable(db: Any, index: IndexDir) -> None:
+    """Remove a table Lance cannot open at all (its latest manifest damaged): writing it
+    anew reads that manifest first, so every build would fail on it. The build that
+    writes it holds the lock, and searches read the search files, not the table."""
+    path = index.db_path / f"{TABLE}.lance"
+    if path.exists():
+        try:
+            db.open_table(TABLE)
+        except (ValueError, OSError, RuntimeError):  # how Lance reports damaged files
+            shutil.rmtree(path)
 
 
 _END, _STOP = object(), object()
