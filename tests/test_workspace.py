@@ -109,7 +109,11 @@ def test_indexes_of_another_model_or_settings_are_refused(
         assert refused.returncode == 2 and not refused.stdout
         assert len(refused.stderr.strip().splitlines()) == 1
         assert f"differ in {setting}" in refused.stderr
-    twice = run_cli("search", "x", "--index", str(index), "--index", str(index), check=False)
-    assert twice.returncode == 2 and "given twice" in twice.stderr
+    alias = tmp_path / "alias"
+    alias.symlink_to(index)
+    other = halves["b"] / ".ssindex"
+    for names in ([index, index], [index, other, alias]):
+        twice = run_cli("search", "x", *(f"--index={name}" for name in names), check=False)
+        assert twice.returncode == 2 and "given twice" in twice.stderr
     assert json.loads(run_cli("search", "one", "--index", str(cases["quantization"]),
                               "--json").stdout)["results"]

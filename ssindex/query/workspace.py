@@ -58,10 +58,12 @@ class Workspace:
         if not searchers:
             raise ConfigError("a workspace needs at least one index")
         self.searchers = searchers
-        first = searchers[0]
+        first, seen = searchers[0], set()
+        for searcher in searchers:  # one index under two names (a link) is still one
+            if (real := searcher.index.path.resolve()) in seen:
+                raise ConfigError(f"the index {searcher.index.path} is given twice")
+            seen.add(real)
         for other in searchers[1:]:
-            if other.index.path == first.index.path:
-                raise ConfigError(f"the index {other.index.path} is given twice")
             for setting in SETTINGS:
                 if _setting(other, setting) != _setting(first, setting):
                     raise ConfigError(
