@@ -23,9 +23,9 @@ import json
 import os
 import re
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,7 @@ from ssindex.errors import (
     map_exceptions,
     storage_faults,
 )
+from ssindex.index.abstention import Thresholds
 from ssindex.index.activity import running_build
 from ssindex.util.fsio import atomic_file, atomic_link, atomic_write_bytes
 
@@ -50,6 +51,8 @@ HEAD = "HEAD.json"
 HEAD_KEYS = ("table_version", "manifest", "root", "built_at", "model", "quantization",
              "settings", "files", "chunks")
 """What every head has held since format 1 and readers rely on."""
+FILE_KEYS = ("manifest", "snapshot", "postings", "delta_snapshot", "delta_postings", "deleted")
+"""Keys of ``HEAD.json`` naming a file of ``manifests/`` (the search files: the last five)."""
 
 CHUNK_SCHEMA = pa.schema([
     ("id", pa.string()),
@@ -119,6 +122,69 @@ def _hash_field(digest: Any, value: Any) -> None:
         digest.update(b"%s;" % repr(value).encode())
 
 
+def _plain(name: str) -> bool:
+    """A file name that stays in its folder: no separator, not ``.`` nor ``..``."""
+    return name not in ("", ".", "..") and not any(c in name for c in "/\\\0")
+
+
+_TEXT, _COUNT, _NUMBER, _OBJECT = "a string", "a whole number >= 0", "a number", "an object"
+_KINDS: dict[str, Callable[[Any], bool]] = {
+    _TEXT: lambda v: isinstance(v, str),
+    _COUNT: lambda v: type(v) is int and 0 <= v < 2**63,  # Lance's versions are u64
+    _NUMBER: lambda v: type(v) in (int, float),
+    _OBJECT: lambda v: isinstance(v, dict),
+    "a whole number > 0": lambda v: type(v) is int and v > 0,
+    "a share from 0 to 1": lambda v: type(v) in (int, float) and 0 <= v <= 1,
+    "true or false": lambda v: type(v) is bool,
+    "a string or null": lambda v: v is None or isinstance(v, str),
+    "a plain file name": lambda v: isinstance(v, str) and _plain(v),
+    "abstention thresholds": lambda v: isinstance(v, dict) and v.keys() <= {
+        f.name for f in fields(Thresholds)},
+    "a map of files in the index to checksums": lambda v: isinstance(v, dict) and all(
+        isinstance(digest, str) and all(_plain(part) for part in name.split("/"))
+        for name, digest in v.items()),
+}
+_FIELDS = {
+    "table_version": _COUNT, "root": _TEXT, "built_at": _TEXT, "quantization": _TEXT,
+    "files": _COUNT, "chunks": _COUNT, "walk_started_ns": _COUNT, "search_files": _COUNT,
+    "dense_coverage": "a share from 0 to 1", "near_duplicates": "true or false",
+    **dict.fromkeys(FILE_KEYS, "a plain file name"), "model": _OBJECT, "model.id": _TEXT,
+    "model.path": _TEXT, "model.fingerprint": _TEXT, "model.dim": "a whole number > 0",
+    "model.max_tokens": "a whole number > 0", "model.dims": _COUNT, "settings": _OBJECT,
+    "settings.fingerprint": _TEXT, "settings.config": _OBJECT, "settings.config.walk": _OBJECT,
+    "abstention": "abstention thresholds", "abstention.lexical": _NUMBER,
+    "abstention.semantic": _NUMBER, "abstention.nearest": "a string or null",
+    "abstention.nearest_cosine": _NUMBER, "stats": _OBJECT, "stats.files_skipped": _OBJECT,
+    "checksums": "a map of files in the index to checksums",
+}
+"""What readers take each field of a head for, by its dotted path: an object before its
+fields. Of an object's fields, those of ``_REQUIRED`` must be there."""
+_REQUIRED = {"model.id", "model.path", "model.fingerprint", "model.dim", "model.max_tokens",
+             "settings.fingerprint", "settings.config", "abstention.lexical",
+             "abstention.semantic"}
+
+
+def head_fault(data: Mapping[str, Any]) -> str | None:
+    """The first field of a head that is not what readers take it for, or a file it names
+    that it records no checksum of, named (``None``: none). A file name that left the
+    index (a crafted ``../../x.py``) had ``ssindex repair`` overwrite that file."""
+    for dotted, kind in _FIELDS.items():
+        *parents, key = dotted.split(".")
+        holder = data
+        for parent in parents:
+            holder = holder.get(parent, {})
+        if key not in holder:
+            if dotted in _REQUIRED:
+                return f"it lacks {dotted}"
+        elif not _KINDS[kind](holder[key]):
+            return f"its {dotted} is not {kind}"
+    recorded = data.get("checksums")
+    if recorded is None:  # an index older than checksums
+        return None
+    return next((f"its {key} has no checksum" for key in FILE_KEYS
+                 if key in data and f"manifests/{data[key]}" not in recorded), None)
+
+
 @dataclass(frozen=True)
 class Head:
     """The committed state of an index, as ``HEAD.json`` records it."""
@@ -157,7 +223,7 @@ class IndexDir:
             raise IndexNotFound(f"no index at {self.path} (run `ssindex build` first)")
         try:
             data = json.loads(file.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, RecursionError) as exc:
             raise IndexCorrupt(f"cannot read {file}: {exc}") from exc
         if not isinstance(data, dict):
             raise IndexCorrupt(f"{file} is not an index head; rebuild the index")
@@ -169,6 +235,10 @@ class IndexDir:
         missing = [key for key in HEAD_KEYS if key not in data]
         if missing:
             raise IndexCorrupt(f"{file} lacks {', '.join(missing)}; rebuild the index")
+        fault = head_fault(data)
+        if fault is not None:
+            raise IndexCorrupt(f"{file} is damaged ({fault}): rebuild the index with "
+                               "`ssindex build`")
         return Head(data)
 
     def write_head(self, data: dict[str, Any]) -> None:

@@ -18,6 +18,7 @@ from ssindex.backends.inventory import detect
 from ssindex.backends.model import ModelSpec
 from ssindex.config import BuildConfig
 from ssindex.errors import ConfigError, IndexCorrupt, IndexNotWritable
+from ssindex.index.activity import FILE as ACTIVITY_FILE
 from ssindex.index.activity import Activity
 from ssindex.index.cache import VectorCache, enabled_by_environment
 from ssindex.index.layout import HEAD, IndexDir, default_index_path
@@ -364,7 +365,7 @@ def _secrets_tightened(previous: PreviousIndex, cfg: BuildConfig) -> bool:
     return bool(walk.get("allow_secrets")) and not cfg.walk.allow_secrets
 
 
-INDEX_ENTRIES = frozenset({HEAD, "db", "manifests", "lock", "staging"})
+INDEX_ENTRIES = frozenset({HEAD, "db", "manifests", "lock", "staging", ACTIVITY_FILE})
 """What an index directory holds, besides dot files (its ``.gitignore``, files being
 written)."""
 
