@@ -81,6 +81,7 @@ _STORAGE_FAULTS = {
     errno.EROFS: ("the file system turned read-only",
                   "make it writable (or pass --index elsewhere), then build again"),
     errno.EACCES: ("permission was denied", "make the index directory writable"),
+    errno.EISDIR: ("a directory stands where the index keeps a file", "remove it"),
 }
 _STORAGE_MESSAGES = {"no space left on device": errno.ENOSPC, "quota exceeded": errno.EDQUOT,
                      "read-only file system": errno.EROFS}

@@ -151,3 +151,13 @@ def test_repair_names_a_directory_where_a_file_should_be(tree: Path, name: str) 
     assert f"{index / name} is a directory" in line
     assert (index / "HEAD.json").read_bytes() == head
     assert not list((index / "manifests").glob(".*"))  # no half-written file left
+
+
+@pytest.mark.parametrize("name", ["lock", "HEAD.json"])
+def test_a_build_names_a_directory_where_a_file_should_be(tree: Path, name: str) -> None:
+    index = tree / ".ssindex"
+    (index / name).unlink()
+    (index / name).mkdir()
+    result = run_cli("build", str(tree), "--no-embed", "--no-progress", check=False)
+    assert result.returncode == 5 and "Traceback" not in result.stderr, result.stderr
+    assert "a directory stands where the index keeps a file while writing" in result.stderr

@@ -35,7 +35,8 @@ class BuildLock:
         self._fd: int | None = None
 
     def __enter__(self) -> BuildLock:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        with storage_faults("the build lock", self.path.parent):
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError as exc:
