@@ -72,6 +72,10 @@ def test_an_index_needs_a_directory_of_its_own(tmp_path: Path) -> None:
     for _ in range(2):
         stats = cli_json("build", str(tree), "--index", str(tmp_path / "idx"), "--no-embed")
         assert stats["files_indexed"] == 2
+    moved = run_cli("build", str(tree / "sub"), "--index", str(tmp_path / "idx"), "--no-embed",
+                    "--json")
+    assert f"the index was built from {tree}; it now indexes {tree / 'sub'}" in moved.stderr
+    assert json.loads(moved.stdout)["files_removed"] == 2
 
 
 def test_files_that_vanish_or_change_during_the_walk(tmp_path: Path) -> None:

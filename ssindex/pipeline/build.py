@@ -18,10 +18,9 @@ from ssindex.backends.inventory import detect
 from ssindex.backends.model import ModelSpec
 from ssindex.config import BuildConfig
 from ssindex.errors import ConfigError, IndexCorrupt, IndexNotWritable
-from ssindex.index.activity import FILE as ACTIVITY_FILE
 from ssindex.index.activity import Activity
 from ssindex.index.cache import VectorCache, enabled_by_environment
-from ssindex.index.layout import HEAD, IndexDir, default_index_path
+from ssindex.index.layout import IndexDir, default_index_path
 from ssindex.index.lock import BuildLock
 from ssindex.index.remote import RemoteIndex, is_remote, resolve_index
 from ssindex.index.table import TableWriter
@@ -31,6 +30,7 @@ from ssindex.pipeline.engines.common import RunStats
 from ssindex.pipeline.engines.local import run_local
 from ssindex.pipeline.engines.pool import default_workers
 from ssindex.pipeline.fingerprint import settings_fingerprint
+from ssindex.pipeline.placement import check_placement, moved_note
 from ssindex.pipeline.plan import BuildPlan, RayOptions
 from ssindex.pipeline.previous import PreviousIndex, stale_reasons
 from ssindex.pipeline.progress import Progress, SilentProgress, Tracked
@@ -106,7 +106,7 @@ def build(
     explicit = (dict(cfg.backends) | (backend_overrides or {})).get("embed_bulk")
     root = check_root(Path(root))
     index = IndexDir(Path(index_path) if index_path else default_index_path(root))
-    _own_directory(index.path, root)
+    check_placement(index.path, root)
     index.ensure_writable()
     with _cluster(ray), BuildLock(index.path, warn=progress.message):
         activity = Activity(index.path)
@@ -172,6 +172,8 @@ def _progressive(job: _Job, no_embed: bool, activity: Activity, started: Started
     """The build's commits: for a progressive first build, a lexical version first, then
     partial versions as it embeds (``pipeline.publication``), then the finished one."""
     previous = _previous(job.index, job.cfg, job.model, job.progress)
+    if previous is not None and (note := moved_note(previous.head.data["root"], job.root)):
+        job.progress.message(note)
     progressive = job.cfg.commit.progressive and not no_embed and job.ray is None
     first: dict[str, Any] | None = None
     first_build = not no_embed and job.ray is None and previous is None and _many_files(job)
@@ -363,28 +365,6 @@ def _secrets_tightened(previous: PreviousIndex, cfg: BuildConfig) -> bool:
     not: then no byte of its versions may stay behind."""
     walk = previous.head.data["settings"]["config"].get("walk", {})
     return bool(walk.get("allow_secrets")) and not cfg.walk.allow_secrets
-
-
-INDEX_ENTRIES = frozenset({HEAD, "db", "manifests", "lock", "staging", ACTIVITY_FILE})
-"""What an index directory holds, besides dot files (its ``.gitignore``, files being
-written)."""
-
-
-def _own_directory(path: Path, root: Path) -> None:
-    """Refuse an index directory that would mix the index with other files: the tree
-    itself or a directory above it (the index would index itself, or leave the tree
-    out), or a directory of files that is not an index."""
-    path, other = path.resolve(), []
-    if root.is_relative_to(path):
-        raise ConfigError(f"index directory {path} holds the tree {root}: give the index a "
-                          f"directory of its own (the default is {root / '.ssindex'})")
-    with contextlib.suppress(OSError):  # none yet, or unreadable: ensure_writable says
-        other = sorted(name for name in os.listdir(path)
-                       if name not in INDEX_ENTRIES and not name.startswith("."))
-    if other:
-        raise ConfigError(f"index directory {path} holds other files ({', '.join(other[:3])}"
-                          f"{', …' if len(other) > 3 else ''}): an index needs a directory "
-                          "of its own")
 
 
 def _cluster(ray: RayOptions | None) -> contextlib.AbstractContextManager[Any]:
