@@ -161,3 +161,4 @@ def test_a_build_names_a_directory_where_a_file_should_be(tree: Path, name: str)
     result = run_cli("build", str(tree), "--no-embed", "--no-progress", check=False)
     assert result.returncode == 5 and "Traceback" not in result.stderr, result.stderr
     assert "a directory stands where the index keeps a file while writing" in result.stderr
+    assert not [path for path in index.iterdir() if path.name.startswith(f".{name}.")]

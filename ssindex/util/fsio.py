@@ -31,7 +31,11 @@ def atomic_file(path: Path) -> Iterator[BinaryIO]:
                 f.close()
             os.unlink(f.name)
             raise
-    os.replace(f.name, path)
+    try:
+        os.replace(f.name, path)
+    except OSError:  # e.g. a directory stands at ``path``: no temporary file stays behind
+        os.unlink(f.name)
+        raise
     _sync_directory(path.parent)
 
 
