@@ -195,3 +195,4 @@ def test_a_git_file_is_no_content(tmp_path: Path) -> None:
     _write(tmp_path, "a.py", "x = 1\n")
     files, stats = _walk(tmp_path)
     assert files == ["a.py"] and stats.files_seen == 1
+    assert not Rules(tmp_path, WalkConfig()).indexable(".git")

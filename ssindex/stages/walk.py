@@ -211,7 +211,8 @@ class Rules:
             if parts[depth - 1] in DENIED_DIRS or _ignored(directory, True, scopes):
                 return False
             scopes += self._scope(directory)
-        return parts[-1] in IGNORE_FILES or not _ignored(rel, False, scopes)
+        return parts[-1] in IGNORE_FILES or (parts[-1] != ".git"
+                                             and not _ignored(rel, False, scopes))
 
     def _scope(self, rel_dir: str) -> list[_IgnoreScope]:
         if rel_dir not in self._scopes:
