@@ -181,18 +181,14 @@ def _section(cls: type, values: Any, name: str) -> Any:
 
 
 def _patterns(value: Any, where: str) -> tuple[str, ...]:
-    """A list of gitignore-style patterns, each one git would take."""
-    import re
-
-    import pathspec
+    """A list of gitignore-style patterns, each one pathspec takes."""
+    from ssindex.text.globs import glob_fault
 
     if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
         raise ConfigError(f"{where} must be a list of strings, got {value!r}")
     for pattern in value:
-        try:
-            pathspec.GitIgnoreSpec.from_lines([pattern])
-        except (ValueError, re.error) as exc:
-            raise ConfigError(f"{where}: not a gitignore pattern: {pattern!r} ({exc})") from exc
+        if fault := glob_fault(pattern):
+            raise ConfigError(f"{where}: not a gitignore pattern: {pattern!r} ({fault})")
     return tuple(value)
 
 

@@ -81,7 +81,7 @@ _STORAGE_FAULTS = {
     errno.EROFS: ("the file system turned read-only",
                   "make it writable (or pass --index elsewhere), then build again"),
     errno.EACCES: ("permission was denied", "make the index directory writable"),
-    errno.EISDIR: ("a directory stands where the index keeps a file", "remove it"),
+    errno.EISDIR: ("a directory stands where the index keeps a file", "remove that directory"),
 }
 _STORAGE_MESSAGES = {"no space left on device": errno.ENOSPC, "quota exceeded": errno.EDQUOT,
                      "read-only file system": errno.EROFS}
@@ -106,6 +106,10 @@ def storage_faults(what: str, where: object) -> Iterator[None]:
         if code is None:
             raise
         reason, fix = _STORAGE_FAULTS[code]
+        # a rename names the directory second, an open first
+        if code == errno.EISDIR and (name := getattr(exc, "filename2", None)
+                                     or getattr(exc, "filename", None)):
+            fix = f"remove the directory {name}"
         raise IndexNotWritable(f"{reason} while writing {what} in {where}: {fix}; the "
                                "previous index is intact and still answers searches") from exc
 

@@ -24,12 +24,15 @@ def test_pipeline_throughput_measures_both_worker_counts() -> None:
     assert result["chunks"] > 0  # type: ignore[operator]
     rates = result["cpu_side_chunks_per_s"]
     assert set(rates) == {"1", "2"} and all(rate > 0 for rate in rates.values())  # type: ignore[union-attr]
-    assert result["scaling"] == round(rates["2"] / rates["1"], 3)  # type: ignore[index]
+    for workers in rates:  # type: ignore[union-attr]
+        stages = result[f"stage_seconds_{workers}"]
+        assert set(stages) >= {"walk", "chunk", "dedupe", "embed", "write"}  # type: ignore[arg-type]
+    assert result["projected_16_core_chunks_per_s"] > 0  # type: ignore[operator]
 
 
 def test_memory_measures_two_slices_without_the_forward_pass() -> None:
     result = _run("memory.py", "--no-forward", "--small", "json", "--large", "json,email")
     assert 0 < result["small_chunks"] < result["large_chunks"]  # type: ignore[operator]
-    assert result["baseline_large_chunks"] == result["large_chunks"]
-    assert result["ratio"] == round(
-        result["large_peak_rss_mb"] / result["small_peak_rss_mb"], 3)  # type: ignore[operator]
+    assert result["baseline_large_chunks"] == result["large_chunks"]  # the same build twice
+    assert all(result[f"{prefix}{size}_peak_rss_mb"] > 0  # type: ignore[operator]
+               for prefix in ("", "baseline_") for size in ("small", "large"))

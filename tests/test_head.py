@@ -12,8 +12,6 @@ from typing import Any
 
 import pytest
 
-from ssindex.index.layout import FILE_KEYS
-from ssindex.index.search_files import SEARCH_FILE_KEYS
 from tests.conftest import cli_json, run_cli
 
 Edit = Callable[[dict[str, Any]], object]
@@ -51,10 +49,6 @@ def _error(result: subprocess.CompletedProcess[str]) -> str:
 
 def _fails(index: Path, *command: str) -> str:
     return _error(run_cli(*command, "--index", str(index), check=False))
-
-
-def test_the_head_file_keys_are_the_manifest_and_the_search_files() -> None:
-    assert FILE_KEYS[1:] == SEARCH_FILE_KEYS and FILE_KEYS[0] == "manifest"
 
 
 @pytest.mark.parametrize(("key", "name"), [
@@ -141,16 +135,24 @@ def test_repair_writes_a_deleted_manifests_folder_again(tree: Path) -> None:
     assert cli_json("search", "alpha", "--index", str(index))["results"][0]["path"] == "m1.py"
 
 
-@pytest.mark.parametrize("name", ["lock", "manifests/search-v1.arrow"])
-def test_repair_names_a_directory_where_a_file_should_be(tree: Path, name: str) -> None:
+@pytest.mark.parametrize(("name", "code"), [("lock", 5), ("manifests/search-v1.arrow", 3)])
+def test_repair_names_a_directory_where_a_file_should_be(tree: Path, name: str,
+                                                         code: int) -> None:
     index = tree / ".ssindex"
     (index / name).unlink()
     (index / name).mkdir()
     head = (index / "HEAD.json").read_bytes()
-    line = _fails(index, "repair")
-    assert f"{index / name} is a directory" in line
+    result = run_cli("repair", "--index", str(index), check=False)
+    assert result.returncode == code and "Traceback" not in result.stderr, result.stderr
+    assert f"{index / name}" in result.stderr and "directory" in result.stderr
     assert (index / "HEAD.json").read_bytes() == head
     assert not list((index / "manifests").glob(".*"))  # no half-written file left
+
+
+def test_repair_without_an_index_says_so(tmp_path: Path) -> None:
+    result = run_cli("repair", "--index", str(tmp_path / "none"), check=False)
+    assert result.returncode == 3 and "no index at" in result.stderr
+    assert "Traceback" not in result.stderr and not (tmp_path / "none").exists()
 
 
 @pytest.mark.parametrize("name", ["lock", "HEAD.json"])
@@ -161,4 +163,5 @@ def test_a_build_names_a_directory_where_a_file_should_be(tree: Path, name: str)
     result = run_cli("build", str(tree), "--no-embed", "--no-progress", check=False)
     assert result.returncode == 5 and "Traceback" not in result.stderr, result.stderr
     assert "a directory stands where the index keeps a file while writing" in result.stderr
+    assert f"remove the directory {index / name}" in result.stderr
     assert not [path for path in index.iterdir() if path.name.startswith(f".{name}.")]

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import io
 import json
 import os
 import tempfile
@@ -9,7 +10,7 @@ import pytest
 
 from ssindex.config import WalkConfig
 from ssindex.errors import ConfigError
-from ssindex.stages.walk import Rules, WalkStats, walk
+from ssindex.stages.walk import Rules, WalkStats, _read_up_to, walk
 
 
 def _walk(root: Path, **cfg: object) -> tuple[list[str], WalkStats]:
@@ -196,3 +197,13 @@ def test_a_git_file_is_no_content(tmp_path: Path) -> None:
     files, stats = _walk(tmp_path)
     assert files == ["a.py"] and stats.files_seen == 1
     assert not Rules(tmp_path, WalkConfig()).indexable(".git")
+
+
+def test_a_read_takes_what_the_file_holds_not_the_limit(tmp_path: Path) -> None:
+    """A limit of 1 TiB allocated that much for every read (``MemoryError``); a file that
+    grew after its stat is read on, to one byte past the limit."""
+    _write(tmp_path, "a.py", "x = 1\n")
+    assert _walk(tmp_path, max_file_bytes=1 << 40)[0] == ["a.py"]
+    grown = io.BytesIO(b"y" * 3_000_000)
+    assert len(_read_up_to(grown, 10, 2_500_000)) == 2_500_001
+    assert len(_read_up_to(io.BytesIO(b"y" * 20), 10, 100)) == 20

@@ -158,7 +158,8 @@ _FIELDS = {
     "checksums": "a map of files in the index to checksums",
 }
 """What readers take each field of a head for, by its dotted path: an object before its
-fields. Of an object's fields, those of ``_REQUIRED`` must be there."""
+fields. Of an object that is there, the fields of ``_REQUIRED`` must be too (a head
+older than abstention thresholds has none)."""
 _REQUIRED = {"model.id", "model.path", "model.fingerprint", "model.dim", "model.max_tokens",
              "settings.fingerprint", "settings.config", "abstention.lexical",
              "abstention.semantic"}
@@ -170,9 +171,11 @@ def head_fault(data: Mapping[str, Any]) -> str | None:
     index (a crafted ``../../x.py``) had ``ssindex repair`` overwrite that file."""
     for dotted, kind in _FIELDS.items():
         *parents, key = dotted.split(".")
-        holder = data
-        for parent in parents:
-            holder = holder.get(parent, {})
+        holder: Mapping[str, Any] | None = data
+        for parent in parents:  # an object's fields count where the object is there
+            holder = holder.get(parent) if holder is not None else None
+        if holder is None:
+            continue
         if key not in holder:
             if dotted in _REQUIRED:
                 return f"it lacks {dotted}"

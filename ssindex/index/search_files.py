@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ssindex.index.layout import IndexDir
+from ssindex.index.layout import FILE_KEYS, IndexDir
 from ssindex.index.postings import Lexicon, Postings, Segment
 from ssindex.text.roles import is_test
 from ssindex.util import heap
@@ -48,7 +48,7 @@ from ssindex.util.arrays import distinct, numeric_view, whole
 from ssindex.util.cores import usable_cores
 
 SEARCH_FILES_VERSION = 8
-SEARCH_FILE_KEYS = ("snapshot", "postings", "delta_snapshot", "delta_postings", "deleted")
+SEARCH_FILE_KEYS = FILE_KEYS[1:]
 """Keys of ``HEAD.json`` naming a version's search files (the last three: its delta)."""
 MERGE_SHARE = 1 / 16
 """Delta and deleted rows, as a share of the base's, past which they merge into a new

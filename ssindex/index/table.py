@@ -9,6 +9,7 @@ import shutil
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, TypeVar
 
 import pyarrow as pa
@@ -17,6 +18,9 @@ from ssindex.errors import storage_faults
 from ssindex.index.layout import CHUNK_SCHEMA, TABLE, Head, IndexDir
 
 T = TypeVar("T")
+
+LANCE_MAGIC = b"LANC"
+"""The last bytes of every Lance file, manifests included."""
 
 
 MAX_FRAGMENTS = 8
@@ -112,15 +116,29 @@ class TableWriter:
 
 
 def _drop_if_unreadable(db: Any, index: IndexDir) -> None:
-    """Remove a table Lance cannot open at all (its latest manifest damaged): writing it
-    anew reads that manifest first, so every build would fail on it. The build that
-    writes it holds the lock, and searches read the search files, not the table."""
+    """Remove a table Lance cannot open because a version manifest is cut short: writing
+    it anew reads the latest one first, so every build would fail on it. Other failures
+    (too many open files, a fault of the disk) pass, and writing reports them. The build
+    that writes it holds the lock, and searches read the search files, not the table."""
     path = index.db_path / f"{TABLE}.lance"
     if path.exists():
         try:
             db.open_table(TABLE)
         except (ValueError, OSError, RuntimeError):  # how Lance reports damaged files
-            shutil.rmtree(path)
+            if _manifests_cut(path):
+                shutil.rmtree(path)
+
+
+def _manifests_cut(table: Path) -> bool:
+    """Whether a version manifest of ``table`` lacks the magic bytes Lance ends each
+    with, or none is left."""
+    manifests = list((table / "_versions").glob("*.manifest"))
+    for manifest in manifests:
+        with manifest.open("rb") as handle:
+            handle.seek(max(manifest.stat().st_size - len(LANCE_MAGIC), 0))
+            if handle.read() != LANCE_MAGIC:
+                return True
+    return not manifests
 
 
 _END, _STOP = object(), object()

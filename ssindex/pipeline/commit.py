@@ -19,7 +19,7 @@ from ssindex.codec import StoredVectors, bytes_per_vector, dense_coverage
 from ssindex.config import BuildConfig
 from ssindex.index.abstention import TermStats, Thresholds, calibrate, recalibrate
 from ssindex.index.integrity import checksums, table_files
-from ssindex.index.layout import FORMAT_VERSION, MANIFEST_SCHEMA, IndexDir, now_iso
+from ssindex.index.layout import FILE_KEYS, FORMAT_VERSION, MANIFEST_SCHEMA, IndexDir, now_iso
 from ssindex.index.search_files import (
     SEARCH_FILE_KEYS,
     SEARCH_FILES_VERSION,
@@ -34,9 +34,6 @@ from ssindex.pipeline.fingerprint import settings_fingerprint
 from ssindex.pipeline.plan import STAGES, BuildPlan
 from ssindex.pipeline.previous import PreviousIndex
 from ssindex.util import heap
-
-HEAD_FILES = ("manifest", *SEARCH_FILE_KEYS)
-"""Keys of ``HEAD.json`` that name per-version manifests."""
 
 
 @dataclass(frozen=True)
@@ -126,7 +123,7 @@ def _drop_old(index: IndexDir, writer: TableWriter, head: dict[str, str],
     still pinned to ``kept`` (the previous one; but for a purge) can hold."""
     writer.cleanup()
     heads = [head] + ([] if writer.purge else [kept])
-    index.prune_manifests(keep={h[key] for h in heads for key in HEAD_FILES if key in h},
+    index.prune_manifests(keep={h[key] for h in heads for key in FILE_KEYS if key in h},
                           oldest=min(version, int(kept.get("table_version", version))),
                           min_age_s=0 if writer.purge else 3600)
 

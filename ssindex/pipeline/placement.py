@@ -10,7 +10,8 @@ from ssindex.errors import ConfigError
 from ssindex.index.activity import FILE as ACTIVITY_FILE
 from ssindex.index.layout import HEAD
 
-INDEX_ENTRIES = frozenset({HEAD, "db", "manifests", "lock", "staging", ACTIVITY_FILE})
+INDEX_ENTRIES = frozenset({HEAD, "db", "manifests", "lock", "staging", ACTIVITY_FILE,
+                           "lost+found"})  # an index on a volume of its own
 """What an index directory holds, besides dot files (its ``.gitignore``, files being
 written)."""
 

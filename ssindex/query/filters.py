@@ -104,13 +104,13 @@ class Filters:
 def compiled(globs: tuple[str, ...]) -> tuple[tuple[bool, str], ...]:
     """Each gitignore-style glob as (selects, RE2-compatible regex), in order: a later
     ``!glob`` takes back what an earlier one selected, as in a ``.gitignore``."""
-    import re
-
     import pathspec
+
+    from ssindex.text.globs import GLOB_ERRORS
 
     try:
         spec = pathspec.GitIgnoreSpec.from_lines(globs)
-    except (ValueError, re.error) as exc:  # "!" is a ValueError, "[z-a]" a bad regex
+    except GLOB_ERRORS as exc:
         raise ConfigError(f"bad path glob: {exc}") from exc
     return tuple((bool(p.include), p.regex.pattern) for p in spec.patterns
                  if p.include is not None and p.regex is not None)

@@ -10,13 +10,12 @@ secret files are skipped, secret values redacted (``ssindex.text.secrets``).
 from __future__ import annotations
 
 import os
-import re
 import stat
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
+from typing import BinaryIO, NamedTuple
 
 import pathspec
 import xxhash
@@ -24,6 +23,7 @@ import xxhash
 from ssindex.config import WalkConfig
 from ssindex.errors import ConfigError
 from ssindex.records import SourceFile, Stamp
+from ssindex.text.globs import GLOB_ERRORS, glob_fault
 from ssindex.text.languages import detect_language
 from ssindex.text.secrets import redact, secret_file, secret_name
 
@@ -133,19 +133,11 @@ def _spec(lines: tuple[str, ...] | list[str], stats: WalkStats | None) -> pathsp
     and counted: pathspec refuses the whole file for it."""
     try:
         return pathspec.GitIgnoreSpec.from_lines(lines)
-    except (ValueError, re.error):
-        kept = [line for line in lines if _takes(line)]
+    except GLOB_ERRORS:
+        kept = [line for line in lines if glob_fault(line) is None]
         if stats is not None:
             stats.ignore_skipped["invalid_rule"] += len(lines) - len(kept)
         return pathspec.GitIgnoreSpec.from_lines(kept)
-
-
-def _takes(line: str) -> bool:
-    try:
-        pathspec.GitIgnoreSpec.from_lines([line])
-    except (ValueError, re.error):
-        return False
-    return True
 
 
 def _load_scope(directory: Path, rel: str, stats: WalkStats | None) -> _IgnoreScope | None:
@@ -271,6 +263,18 @@ def _walk_dir(
         yield Candidate(entry.path, rel)
 
 
+def _read_up_to(handle: BinaryIO, size: int, limit: int) -> bytes:
+    """Up to ``limit + 1`` bytes (one more tells a file over the limit): as many as its
+    stat said, then, if it grew since, the rest in pieces. One read of ``limit + 1``
+    would allocate them all first, whatever the file's size."""
+    parts = [handle.read(min(size, limit) + 1)]
+    read = len(parts[0])
+    while size < read <= limit and (more := handle.read(min(limit + 1 - read, 1 << 20))):
+        parts.append(more)
+        read += len(more)
+    return b"".join(parts)
+
+
 def _utf8_name(rel: str) -> bool:
     try:
         rel.encode("utf-8")
@@ -329,7 +333,7 @@ def read(candidate: Candidate, cfg: WalkConfig, stats: WalkStats,
                               secrets=seen.secrets)
         stats.files_read += 1
         with open(path, "rb") as handle:
-            data = handle.read(cfg.max_file_bytes + 1)
+            data = _read_up_to(handle, st.st_size, cfg.max_file_bytes)
     except FileNotFoundError:
         stats.skipped["vanished"] += 1
         return None

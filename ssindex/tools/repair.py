@@ -26,6 +26,8 @@ def repair(index_path: Path) -> dict[str, Any]:
     """Verify the index at ``index_path``; rewrite its damaged derived files. Returns
     what was verified and what was repaired."""
     index = IndexDir(index_path)
+    if not index.exists():  # nothing to lock: its IndexNotFound, before the lock file
+        index.read_head()
     with map_exceptions({IsADirectoryError: lambda exc: _in_the_way(
             getattr(exc, "filename", None))}), BuildLock(index.path):
         try:

@@ -34,7 +34,8 @@ def atomic_file(path: Path) -> Iterator[BinaryIO]:
     try:
         os.replace(f.name, path)
     except OSError:  # e.g. a directory stands at ``path``: no temporary file stays behind
-        os.unlink(f.name)
+        with contextlib.suppress(OSError):  # the rename's error is the one to report
+            os.unlink(f.name)
         raise
     _sync_directory(path.parent)
 
