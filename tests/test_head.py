@@ -165,3 +165,12 @@ def test_a_build_names_a_directory_where_a_file_should_be(tree: Path, name: str)
     assert "a directory stands where the index keeps a file while writing" in result.stderr
     assert f"remove the directory {index / name}" in result.stderr
     assert not [path for path in index.iterdir() if path.name.startswith(f".{name}.")]
+
+
+def test_a_head_older_than_abstention_thresholds_is_read(tree: Path) -> None:
+    """Heads before abstention thresholds have none: searches answer without them."""
+    index = tree / ".ssindex"
+    _edit(index, lambda head: head.pop("abstention"))
+    assert cli_json("status", "--index", str(index))["chunks"] > 0
+    found = cli_json("search", "alpha", "--index", str(index), "--no-abstain")["results"]
+    assert found[0]["path"] == "m1.py"
