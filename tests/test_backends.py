@@ -169,13 +169,12 @@ def test_compiled_model_matches_fp32_and_caches_no_pickle(
 
 
 def test_failed_compile_keeps_the_eager_model_visibly(
-        model: ModelSpec, texts: list[str], reference: np.ndarray,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        model: ModelSpec, texts: list[str], reference: np.ndarray) -> None:
     """A machine without a working C++ compiler: the build warns, reports why, and
-    embeds on the eager model."""
+    embeds on the eager model. (Torch's own ``patch``: pytest's ``monkeypatch`` left
+    inductor's ``cpp.cxx`` deleted, failing every later compile in the process.)"""
     import torch._inductor.config as inductor_config
 
-    monkeypatch.setattr(inductor_config.cpp, "cxx", (None, "/nonexistent/c++"))
     warnings: list[str] = []
 
     class Warned(SilentProgress):
@@ -184,7 +183,8 @@ def test_failed_compile_keeps_the_eager_model_visibly(
 
     cfg = BuildConfig(embed=EmbedConfig(compile="always"))
     encoder = LazyEncoder(model, cfg, "torch-cpu-fp32", Warned())
-    vectors = encoder.encode(texts)
+    with inductor_config.patch({"cpp.cxx": (None, "/nonexistent/c++")}):
+        vectors = encoder.encode(texts)
     assert (vectors * reference).sum(axis=1).min() >= 0.9999
     report = encoder.report()
     assert report.fallback_reason and "torch.compile failed" in report.fallback_reason
