@@ -186,7 +186,10 @@ def prepared(candidates: Iterable[Candidate], preparation: Preparation, workers:
     window: deque[tuple[list[Candidate], Future[tuple[list[Prepared], WalkStats]]]] = deque()
     try:
         for block in _blocks(candidates, FILES_PER_BLOCK):
-            window.append((block, pool.submit(_prepare_block, block)))
+            try:
+                window.append((block, pool.submit(_prepare_block, block)))
+            except BrokenProcessPool as exc:  # a worker died before its block came back
+                raise _lost(window[0][0] if window else block) from exc
             if len(window) >= workers * BLOCKS_PER_WORKER:
                 yield from _collect(*window.popleft(), stats)
         while window:
@@ -219,12 +222,16 @@ def _collect(block: list[Candidate], future: Future[tuple[list[Prepared], WalkSt
     try:
         files, counted = future.result()
     except BrokenProcessPool as exc:
-        raise WorkerLost(
-            f"a worker process died (killed, out of memory or crashed) while the files "
-            f"from {block[0].rel} on were read and chunked; nothing was committed. "
-            f"--workers 1 does the same work in the build's own process") from exc
+        raise _lost(block) from exc
     stats.add(counted)
     return files
+
+
+def _lost(block: list[Candidate]) -> WorkerLost:
+    return WorkerLost(
+        f"a worker process died (killed, out of memory or crashed) while the files "
+        f"from {block[0].rel} on were read and chunked; nothing was committed. "
+        f"--workers 1 does the same work in the build's own process")
 
 
 def _blocks(candidates: Iterable[Candidate], size: int) -> Iterator[list[Candidate]]:
