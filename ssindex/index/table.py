@@ -87,7 +87,7 @@ class TableWriter:
         import lance
         from lance.fragment import FragmentMetadata
 
-        uri = str(self.index.db_path / f"{TABLE}.lance")
+        uri = str(table_path(self.index))
         operation = lance.LanceOperation.Overwrite(
             CHUNK_SCHEMA, [FragmentMetadata.from_json(f) for f in fragments])
         lance.LanceDataset.commit(uri, operation)
@@ -115,12 +115,17 @@ class TableWriter:
             table.cleanup_old_versions(older_than=timedelta(hours=1), delete_unverified=False)
 
 
+def table_path(index: IndexDir) -> Path:
+    """The Lance dataset of the chunks table."""
+    return index.db_path / f"{TABLE}.lance"
+
+
 def _drop_if_unreadable(db: Any, index: IndexDir) -> None:
     """Remove a table Lance cannot open because a version manifest is cut short: writing
     it anew reads the latest one first, so every build would fail on it. Other failures
     (too many open files, a fault of the disk) pass, and writing reports them. The build
     that writes it holds the lock, and searches read the search files, not the table."""
-    path = index.db_path / f"{TABLE}.lance"
+    path = table_path(index)
     if path.exists():
         try:
             db.open_table(TABLE)

@@ -37,7 +37,7 @@ from ssindex.backends.model import ModelSpec
 from ssindex.backends.selector import BackendReport
 from ssindex.errors import ERRORS, EngineUnavailable, map_exceptions
 from ssindex.index.layout import CHUNK_SCHEMA
-from ssindex.index.table import TableWriter
+from ssindex.index.table import TableWriter, table_path
 from ssindex.pipeline.engines.common import RunStats, manifest_entry
 from ssindex.pipeline.engines.ray_tasks import (
     ACTOR_COLUMNS,
@@ -348,7 +348,7 @@ class _Run:
             fn_kwargs={"codes": codes, "model_key": self.plan.model_key})
 
     def _commit_fragments(self, records: Any, writer: TableWriter) -> int:
-        uri = str(writer.index.db_path / "chunks.lance")
+        uri = str(table_path(writer.index))
         written = records.map_batches(write_fragments, batch_format="pyarrow", batch_size=None,
                                       fn_kwargs={"uri": uri}).take_all()
         writer.rows_written = sum(row["rows"] for row in written)
