@@ -3,14 +3,19 @@ from __future__ import annotations
 import io
 import json
 import os
+import random
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
+import pathspec
 import pytest
 
 from ssindex.config import WalkConfig
 from ssindex.errors import ConfigError
 from ssindex.stages.walk import Rules, WalkStats, _read_up_to, walk
+from ssindex.text.globs import GLOB_ERRORS, ignore_spec
 
 
 def _walk(root: Path, **cfg: object) -> tuple[list[str], WalkStats]:
@@ -207,3 +212,66 @@ def test_a_read_takes_what_the_file_holds_not_the_limit(tmp_path: Path) -> None:
     grown = io.BytesIO(b"y" * 3_000_000)
     assert len(_read_up_to(grown, 10, 2_500_000)) == 2_500_001
     assert len(_read_up_to(io.BytesIO(b"y" * 20), 10, 100)) == 20
+
+
+def _git_ignored(repo: Path, lines: list[str], paths: list[str]) -> set[str]:
+    """The ``paths`` git's own rules ignore under a root ``.gitignore`` of ``lines``."""
+    (repo / ".gitignore").write_text("\n".join(lines) + "\n")
+    done = subprocess.run(["git", "check-ignore", "--no-index", "--stdin"], cwd=repo,
+                          input="\n".join(paths) + "\n", capture_output=True, text=True)
+    assert done.returncode in (0, 1), done.stderr  # 1: none ignored
+    return set(done.stdout.splitlines())
+
+
+def test_a_hostile_ignore_rule_ends(tmp_path: Path) -> None:
+    """Stars in one segment (``*a*a…*b``) against a long name made Python's regex
+    engine try every way of sharing the name among them: a walk that never ended (git's
+    own matcher does not end either, so it judges only the tame rules here). The walk
+    runs in a child process, so that a regression fails here instead of hanging."""
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    tame = ["x*y*z*w.py", "q*[*]*\\**.py"]
+    names = ["a" * 200 + ".py", "a" * 200 + "b.py", "xayzw.py", "xyz.py", "q1*2*.py", "q**.py"]
+    for name in names:
+        _write(tmp_path, name, "x = 1\n")
+    ignored = _git_ignored(tmp_path, tame, names) | {"a" * 200 + "b.py"}
+    assert ignored == {"a" * 200 + "b.py", "xayzw.py", "q1*2*.py", "q**.py"}
+    (tmp_path / ".gitignore").write_text("\n".join(["*a" * 30 + "*b.py", *tame]) + "\n")
+    judge = ("import json, sys; from pathlib import Path; from ssindex.config import WalkConfig;"
+             "from ssindex.stages.walk import Rules, WalkStats, walk; root = Path(sys.argv[1]);"
+             "rules = Rules(root, WalkConfig());"
+             "print(json.dumps([[f.path for f in walk(root, WalkConfig(), WalkStats())],"
+             "[n for n in sys.argv[2:] if not rules.indexable(n)]]))")
+    done = subprocess.run([sys.executable, "-c", judge, str(tmp_path), *names],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    walked, refused = json.loads(done.stdout)
+    assert set(walked) == set(names) - ignored and set(refused) == ignored
+
+
+def test_ignore_rules_match_as_pathspecs_or_closer_to_git(tmp_path: Path) -> None:
+    """Random rules of stars, brackets and escapes: where the walk's rules and
+    pathspec's own differ (a ``[!a]`` that pathspec lets match ``/``), git sides with
+    the walk's; nowhere else do they differ."""
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    draw = random.Random(20)
+    glyphs = [*"ab*?[]!/\\.", "[!a]", "[a-c]", "**/", "/**", "*", "[*]", "\\*"]
+    paths = sorted({"/".join("".join(draw.choice("ab.*[]") for _ in range(draw.randint(1, 5)))
+                             for _ in range(draw.randint(1, 3))) for _ in range(80)})
+    paths = [p for p in paths if not {".", "..", ".git"} & set(p.split("/"))] + ["ab/c"]
+    drawn = [["".join(draw.choice(glyphs) for _ in range(draw.randint(1, 7)))
+              for _ in range(draw.randint(1, 3))] for _ in range(120)]
+    differ = 0
+    for lines in [["*[!x]*c*"], *drawn]:  # pathspec's ignores ab/c: [!x] takes the "/"
+        try:
+            ours, theirs = ignore_spec(lines), pathspec.GitIgnoreSpec.from_lines(
+                lines, backend="simple")
+        except GLOB_ERRORS:
+            with pytest.raises(GLOB_ERRORS):
+                ignore_spec(lines)
+            continue
+        git = _git_ignored(tmp_path, lines, paths)
+        for path in paths:
+            if ours.match_file(path) != theirs.match_file(path):
+                differ += 1
+                assert ours.match_file(path) == (path in git), (lines, path)
+    assert differ  # the draw holds such rules

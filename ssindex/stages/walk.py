@@ -23,7 +23,7 @@ import xxhash
 from ssindex.config import WalkConfig
 from ssindex.errors import ConfigError
 from ssindex.records import SourceFile, Stamp
-from ssindex.text.globs import GLOB_ERRORS, glob_fault
+from ssindex.text.globs import GLOB_ERRORS, glob_fault, ignore_spec
 from ssindex.text.languages import detect_language
 from ssindex.text.secrets import redact, secret_file, secret_name
 
@@ -132,12 +132,12 @@ def _spec(lines: tuple[str, ...] | list[str], stats: WalkStats | None) -> pathsp
     """Git's rules of ``lines``. A line git would skip (``!``, ``[z-a]``) is skipped,
     and counted: pathspec refuses the whole file for it."""
     try:
-        return pathspec.GitIgnoreSpec.from_lines(lines)
+        return ignore_spec(lines)
     except GLOB_ERRORS:
         kept = [line for line in lines if glob_fault(line) is None]
         if stats is not None:
             stats.ignore_skipped["invalid_rule"] += len(lines) - len(kept)
-        return pathspec.GitIgnoreSpec.from_lines(kept)
+        return ignore_spec(kept)
 
 
 def _load_scope(directory: Path, rel: str, stats: WalkStats | None) -> _IgnoreScope | None:
