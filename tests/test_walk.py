@@ -223,19 +223,23 @@ def _git_ignored(repo: Path, lines: list[str], paths: list[str]) -> set[str]:
     return set(done.stdout.splitlines())
 
 
-def test_a_hostile_ignore_rule_ends(tmp_path: Path) -> None:
-    """Stars in one segment (``*a*a…*b``) against a long name made Python's regex
-    engine try every way of sharing the name among them: a walk that never ended (git's
-    own matcher does not end either, so it judges only the tame rules here). The walk
-    runs in a child process, so that a regression fails here instead of hanging."""
+def test_hostile_ignore_rules_end(tmp_path: Path) -> None:
+    """Stars in one segment (``*a*a…*b``) against a long name, or ``**`` between many
+    segments against a deep path, made Python's regex engine try every way of sharing
+    the path among them: a walk that never ended (git's own matcher does not end either,
+    so it judges only the tame rules here). The walk runs in a child process, so that a
+    regression fails here instead of hanging."""
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
     tame = ["x*y*z*w.py", "q*[*]*\\**.py"]
-    names = ["a" * 200 + ".py", "a" * 200 + "b.py", "xayzw.py", "xyz.py", "q1*2*.py", "q**.py"]
+    deep = "a/" * 80
+    names = ["a" * 200 + ".py", "a" * 200 + "b.py", deep + "b.py", deep + "c.py",
+             "xayzw.py", "xyz.py", "q1*2*.py", "q**.py"]
     for name in names:
         _write(tmp_path, name, "x = 1\n")
-    ignored = _git_ignored(tmp_path, tame, names) | {"a" * 200 + "b.py"}
-    assert ignored == {"a" * 200 + "b.py", "xayzw.py", "q1*2*.py", "q**.py"}
-    (tmp_path / ".gitignore").write_text("\n".join(["*a" * 30 + "*b.py", *tame]) + "\n")
+    ignored = _git_ignored(tmp_path, tame, names) | {"a" * 200 + "b.py", deep + "b.py"}
+    assert ignored == {"a" * 200 + "b.py", deep + "b.py", "xayzw.py", "q1*2*.py", "q**.py"}
+    hostile = ["*a" * 30 + "*b.py", "a/**/" * 10 + "b.py"]
+    (tmp_path / ".gitignore").write_text("\n".join([*hostile, *tame]) + "\n")
     judge = ("import json, sys; from pathlib import Path; from ssindex.config import WalkConfig;"
              "from ssindex.stages.walk import Rules, WalkStats, walk; root = Path(sys.argv[1]);"
              "rules = Rules(root, WalkConfig());"
