@@ -253,6 +253,26 @@ def test_formats_parse_back(tree: Path) -> None:
     assert files == list(dict.fromkeys(f"{tree.name}/{h['path']}" for h in data["results"]))
 
 
+def test_a_path_no_line_can_hold_is_quoted_in_the_line_formats(tmp_path: Path) -> None:
+    """A name with a newline would split its vimgrep and files lines in two: such a
+    path, and one that starts with a quote, is written as a JSON string."""
+    names = ["odd\nname.py", '"quoted".py', "plain.py"]
+    for name in names:
+        (tmp_path / name).write_text("def frobnicate_widget():\n    return 1\n")
+    run_cli("build", str(tmp_path), "--no-embed", "--no-progress")
+    index = ["--index", str(tmp_path / ".ssindex"), "--mode", "lexical", "--no-abstain"]
+    files = run_cli("search", "frobnicate_widget", *index, "--format", "files",
+                    cwd=tmp_path).stdout.splitlines()
+    assert sorted(json.loads(f) if f.startswith('"') else f for f in files) == sorted(names)
+    vimgrep = run_cli("search", "frobnicate_widget", *index, "--format", "vimgrep",
+                      cwd=tmp_path).stdout.splitlines()
+    assert len(vimgrep) == 3
+    for line in vimgrep:
+        path, end = json.JSONDecoder().raw_decode(line) if line.startswith('"') else (
+            line.split(":", 1)[0], line.index(":"))
+        assert path in names and line[end:] == ":1:1:def frobnicate_widget():"
+
+
 def test_context_lines_are_the_files_lines_around_each_result(tree: Path) -> None:
     data = json.loads(run_cli("search", "decode a json document", "--index",
                               str(tree / ".ssindex"), "-k", "8", "--no-abstain", "--json",

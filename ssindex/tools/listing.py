@@ -9,7 +9,8 @@
 
 Paths in ``vimgrep`` and ``files`` are the ones an editor opened here can follow: the
 indexed root's file relative to the working directory when it lies below it, absolute
-otherwise.
+otherwise. A path that holds a character that is not printable (a newline would end
+its line) or starts with ``"`` is written as a JSON string, as git quotes such a path.
 """
 
 from __future__ import annotations
@@ -44,9 +45,16 @@ def lines(data: dict[str, Any], fmt: str) -> Iterator[str]:
             skip = next((i for i, line in enumerate(body) if line.strip()), 0)
             first = body[skip] if body else ""
             column = len(first) - len(first.lstrip()) + 1
-            yield f"{located(hit, root)}:{hit['start_line'] + skip}:{column}:{first}"
+            yield f"{_one_line(located(hit, root))}:{hit['start_line'] + skip}:{column}:{first}"
     elif fmt == "files":
-        yield from dict.fromkeys(located(hit, root) for hit in results)
+        yield from dict.fromkeys(_one_line(located(hit, root)) for hit in results)
+
+
+def _one_line(path: str) -> str:
+    """``path`` as one line: a JSON string where it holds a character that is not
+    printable (a newline, a line separator) or starts with a quote (it would read as
+    quoted)."""
+    return json.dumps(path) if path.startswith('"') or not path.isprintable() else path
 
 
 def located(hit: dict[str, Any], root: str | None) -> str:
