@@ -279,3 +279,8 @@ def test_ignore_rules_match_as_pathspecs_or_closer_to_git(tmp_path: Path) -> Non
                 differ += 1
                 assert ours.match_file(path) == (path in git), (lines, path)
     assert differ  # the draw holds such rules
+    # which match a rule's regex finds decides its priority: where no atomic group
+    # needs it, a [!x] matches as pathspec's (here the "/" of the directory ab/)
+    rules = ["!*[!a]", "ab/**/"]
+    plain = pathspec.GitIgnoreSpec.from_lines(rules, backend="simple")
+    assert ignore_spec(rules).match_file("ab/") == plain.match_file("ab/") is False
