@@ -117,9 +117,11 @@ def test_no_embed_builds_a_lexical_index_that_a_plain_build_completes(
     found = json.loads(hybrid.stdout)
     assert found["dense_coverage"] == 0.0 and found["results"] and not found["abstained"]
     assert "dense leg 0% embedded, `ssindex build` embeds the rest" in hybrid.stderr
-    lexical = cli_json("search", "parse an email address header", "--index", str(index),
-                       "--mode", "lexical")
-    assert lexical["results"][0]["path"] in {hit["path"] for hit in found["results"]}
+    lexical = run_cli("search", "parse an email address header", "--index", str(index),
+                      "--mode", "lexical", "--json")
+    assert "dense leg" not in lexical.stderr  # it asked for no dense leg
+    lexical_hits = json.loads(lexical.stdout)["results"]
+    assert lexical_hits[0]["path"] in {hit["path"] for hit in found["results"]}
     semantic = run_cli("search", "parse an email address header", "--index", str(index),
                        "--mode", "semantic", check=False)
     assert semantic.returncode == 2 and "no vectors yet" in semantic.stderr

@@ -97,11 +97,12 @@ def print_text(data: dict[str, Any], out: Console) -> None:
 
 
 def coverage_note(data: dict[str, Any], index: Path) -> str | None:
-    """The line that says a search ran on an index with chunks still to embed."""
+    """The line that says a search that asked for the dense leg ran on an index with
+    chunks still to embed."""
     from ssindex.index.activity import running_build
 
     coverage = data.get("dense_coverage", 1.0)
-    if coverage >= 1.0:
+    if coverage >= 1.0 or data["mode"] == "lexical":
         return None
     state = ("build still running" if running_build(index) is not None
              else "`ssindex build` embeds the rest")
