@@ -51,21 +51,25 @@ class _AtomicPattern(GitIgnoreSpecPattern):
 
     @classmethod
     def pattern_to_regex(cls, pattern: AnyStr) -> tuple[AnyStr | None, bool | None]:
-        """Each ``**`` between segments but the last takes the first place the segments
-        after it match, in an atomic group: ``a/**/a/**/a/**/a/**/a/**/a/**/b`` took
-        6.6 s against one path 80 directories deep. A pattern without atomic groups is
+        """Each ``**`` but the last (a leading one too) takes the first place the
+        segments after it match, in an atomic group: ``a/**/a/**/a/**/a/**/a/**/a/**/b``
+        took 6.6 s against one path 80 directories deep, and ``**/a/**/`` followed by
+        200 segments 0.79 s against one 2,047 deep. A pattern without atomic groups is
         pathspec's own, its ``[!x]`` free to match a ``/`` as there: which match the
         regex finds decides a rule's priority."""
         regex, include = super().pattern_to_regex(pattern)
         if not isinstance(regex, str):
             return regex, include
-        if regex.count(_INNER_STARS) > 1:
-            first, *inner, last = regex.split(_INNER_STARS)
-            atomic = "".join(f"(?>(?:/.+?)??{segments}(?=/))" for segments in inner)
-            regex = f"{first}{atomic}{_INNER_STARS}{last}"
-        elif _SHARED_STAR not in regex:
-            regex = regex.replace(_NOT_SLASH, "")
-        return regex, include  # type: ignore[return-value]
+        first, *inner = regex.split(_INNER_STARS)
+        if inner and first.startswith(_LEADING_STARS):  # a leading ** is one too
+            first = f"^(?>(?:.+?/)??{first.removeprefix(_LEADING_STARS)}(?=/))"
+        elif len(inner) < 2:
+            if _SHARED_STAR not in regex:
+                regex = regex.replace(_NOT_SLASH, "")
+            return regex, include  # type: ignore[return-value]
+        *inner, last = inner
+        atomic = "".join(f"(?>(?:/.+?)??{segments}(?=/))" for segments in inner)
+        return f"{first}{atomic}{_INNER_STARS}{last}", include  # type: ignore[return-value]
 
     @staticmethod
     def _translate_segment_glob(pattern: str,
@@ -89,8 +93,10 @@ _NOT_SLASH = "(?!/)"
 """Put before a negated bracket expression."""
 _SHARED_STAR = "(?>[^/]*?"
 """Opens the atomic group of a star that shares a segment with a later one."""
+_LEADING_STARS = "^(?:.+/)?"
+"""pathspec's regex of a leading ``**``."""
 _INNER_STARS = "(?:/.+)?"
-"""pathspec's regex of a ``**`` between segments. Each of these three holds a ``/``, which
+"""pathspec's regex of a ``**`` between segments. Each of these four holds a ``/``, which
 no segment's glob does: none is found in a regex but where it was put."""
 
 
