@@ -20,7 +20,8 @@ from pathlib import Path
 import xxhash
 
 from ssindex.errors import IndexCorrupt
-from ssindex.index.layout import TABLE, IndexDir
+from ssindex.index.layout import IndexDir
+from ssindex.index.table import table_path
 
 REPAIR_HINT = "run `ssindex repair` (or `ssindex build`) to rebuild it from what is intact"
 
@@ -38,15 +39,16 @@ def table_files(index: IndexDir, version: int) -> list[str]:
     """The data and deletion files of a table version, relative to the index directory."""
     import lance
 
-    base = index.db_path / f"{TABLE}.lance"
+    base = table_path(index)
+    within = base.relative_to(index.path).as_posix()
     dataset = lance.dataset(str(base), version=version)
     files = []
     for fragment in dataset.get_fragments():
-        files += [f"db/{TABLE}.lance/data/{data.path}" for data in fragment.data_files()]
+        files += [f"{within}/data/{data.path}" for data in fragment.data_files()]
         deletion = fragment.metadata.deletion_file
         if deletion is not None:  # Lance names it from the dataset root, without a slash
             name = Path(deletion.path(fragment.fragment_id, str(base))).name
-            files.append(f"db/{TABLE}.lance/_deletions/{name}")
+            files.append(f"{within}/_deletions/{name}")
     return files
 
 

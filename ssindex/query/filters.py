@@ -109,7 +109,8 @@ def compiled(globs: tuple[str, ...]) -> tuple[tuple[bool, str], ...]:
     from ssindex.text.globs import GLOB_ERRORS
 
     try:
-        spec = pathspec.GitIgnoreSpec.from_lines(globs, backend="simple")  # as ignore_spec
+        # Python's engine, as ignore_spec: re2 (where installed) refuses some globs
+        spec = pathspec.GitIgnoreSpec.from_lines(globs, backend="simple")
     except GLOB_ERRORS as exc:
         raise ConfigError(f"bad path glob: {exc}") from exc
     return tuple((bool(p.include), p.regex.pattern) for p in spec.patterns
