@@ -41,8 +41,9 @@ def stdlib_chunk_texts(count: int, seed: int = 0) -> list[str]:
 
 
 def copy_stdlib(root: Path, packages: str, everything: bool) -> None:
-    """Copy the whole standard library, or the comma-separated ``packages``, to ``root``."""
-    ignore = shutil.ignore_patterns("__pycache__")
+    """Copy the whole standard library, or the comma-separated ``packages``, to ``root``;
+    never installed packages, which some Pythons keep inside it (``site-packages``)."""
+    ignore = shutil.ignore_patterns("__pycache__", "site-packages", "dist-packages")
     if everything:
         shutil.copytree(STDLIB, root, ignore=ignore)
         return

@@ -9,11 +9,11 @@ CPU vectors of a sample as the reference):
 
 There (needs torch, transformers, tokenizers, safetensors, numpy and pyarrow):
 
-    SSINDEX_AMX_ATTENTION=0 python benchmarks/gpu_check.py --texts DIR/texts.json.gz \
+    SSINDEX_CPU_ATTENTION=0 python benchmarks/gpu_check.py --texts DIR/texts.json.gz \
         --model DIR/model [--out FILE]
 
-(``SSINDEX_AMX_ATTENTION=0``: where the host CPU has AMX, the last step, what auto mode
-picks for queries, would otherwise build the CPU attention kernel with g++ first.)
+(``SSINDEX_CPU_ATTENTION=0``: where the host CPU has AMX or AVX512-BF16, the last step,
+what auto mode picks for queries, would otherwise build the CPU attention kernel first.)
 
 Reports the worst cosine against the fp32 reference, the tokenizer's rate, and for the
 embed stage on pre-tokenized chunks (as the build's workers hand them over): chunks/s

@@ -1,4 +1,4 @@
-"""The AMX attention kernel: the same attention as torch's SDPA where it runs, SDPA
+"""The bf16 attention kernel: the same attention as torch's SDPA where it runs, SDPA
 (said so, where it matters) wherever it cannot."""
 
 from __future__ import annotations
@@ -18,21 +18,28 @@ from ssindex.backends.torch_backend import SDPA_MASKED
 
 @pytest.fixture
 def kernel() -> None:
-    """The kernel, installed inside the tests' own cache. Skips only on a CPU without AMX
-    tiles (or with the switch off); on an AMX CPU a kernel that cannot build fails."""
+    """The kernel, installed inside the tests' own cache. Skips only on a CPU with neither
+    AMX tiles nor AVX512-BF16 (or with the switch off); where it should run, a kernel
+    that cannot build fails."""
     if not attention.wanted():
-        pytest.skip("the CPU has no AMX tiles (or SSINDEX_AMX_ATTENTION=0)")
+        pytest.skip(f"the CPU has no AMX tiles nor AVX512-BF16 (or {attention.SWITCH_ENV}=0)")
     assert attention.install() == ""
 
 
 @pytest.mark.usefixtures("kernel")
+@pytest.mark.parametrize("tiles", [False, True], ids=["registers", "tiles"])
 @pytest.mark.parametrize(("seq", "dim"), [(40, 32), (170, 32), (512, 32), (77, 64)])
 def test_the_kernel_gives_sdpa_attention_over_each_sequences_real_tokens(
-        seq: int, dim: int) -> None:
+        seq: int, dim: int, tiles: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """Random bf16 heads, sequences of 1 token, a block and one past it, and the whole
     width: rows within each length match SDPA under the padding mask; padded rows
-    are zeros."""
+    are zeros. Both ways of multiplying: AVX512-BF16 registers on every CPU the kernel
+    runs on (AMX CPUs have them too), AMX tiles where the CPU has them."""
     import torch
+
+    if tiles and attention.kind() != "AMX":
+        pytest.skip("the CPU has no AMX tiles: the registers' case covers it")
+    monkeypatch.setattr(attention, "_tiles", tiles)
 
     generator = torch.Generator().manual_seed(seq + dim)
     batch, heads = 6, 384 // dim
@@ -51,8 +58,8 @@ def test_the_kernel_gives_sdpa_attention_over_each_sequences_real_tokens(
 
 
 def test_a_bf16_cpu_model_runs_the_kernel_exactly_where_it_can() -> None:
-    """On a CPU with AMX the bundled model's bf16 backend runs the kernel, close to
-    fp32, and says so; elsewhere it runs SDPA and has nothing to say."""
+    """On a CPU with AMX or AVX512-BF16 the bundled model's bf16 backend runs the kernel,
+    close to fp32, and says which; elsewhere it runs SDPA and has nothing to say."""
     from ssindex.backends.base import Encoder
     from ssindex.backends.torch_backend import TorchBackend
 
@@ -60,7 +67,8 @@ def test_a_bf16_cpu_model_runs_the_kernel_exactly_where_it_can() -> None:
     backend = TorchBackend(model, "cpu", "bf16")
     runs_here = attention.install() == ""
     assert (backend.attn_implementation == attention.NAME) == runs_here
-    assert backend.attention_note == ("attention: AMX kernel" if runs_here else "")
+    assert backend.attention_note == (f"attention: {attention.kind()} kernel" if runs_here
+                                      else "")
     texts = [(Path(__file__).parent / "test_walk.py").read_text()[:3000],
              "def parse(text):\n    return json.loads(text)", "x"]
     vectors = Encoder(backend, model).encode(texts)
@@ -69,8 +77,8 @@ def test_a_bf16_cpu_model_runs_the_kernel_exactly_where_it_can() -> None:
 
 
 def test_a_kernel_that_cannot_build_leaves_sdpa_and_a_reason(tmp_path: Path) -> None:
-    """No compiler: on an AMX CPU the selection falls back to SDPA, with the reason in
-    its fallback reason and a warning; on any other CPU the reason is its missing AMX,
+    """No compiler: where the kernel should run the selection falls back to SDPA, with the
+    reason in its fallback reason and a warning; on any other CPU the reason is the CPU,
     and nothing is said. Its own process, since the kernel is installed once per process."""
     script = ("import json; from ssindex.backends import attention; "
               "from ssindex.backends.selector import select; "
@@ -87,7 +95,7 @@ def test_a_kernel_that_cannot_build_leaves_sdpa_and_a_reason(tmp_path: Path) -> 
     assert implementation is None and reason == "explicitly requested"
     if attention.wanted():
         assert "did not build" in why_not and "no C++ compiler" in why_not
-        assert fallback.startswith("AMX attention unavailable, SDPA runs:")
+        assert fallback.startswith("attention kernel unavailable, SDPA runs:")
         assert warnings == [f"embed_bulk: {fallback}"]
     else:
         assert why_not.startswith("not wanted here") and fallback is None and warnings == []
@@ -102,7 +110,8 @@ def test_the_selection_says_which_attention_runs() -> None:
     selection = select("embed_bulk", ModelSpec.resolve(None), "torch-cpu-bf16",
                        warn=warnings.append)
     runs_here = attention.install() == ""
-    assert selection.reason == ("explicitly requested; attention: AMX kernel" if runs_here
+    assert selection.reason == (f"explicitly requested; attention: {attention.kind()} kernel"
+                                if runs_here
                                 else "explicitly requested")
     assert selection.fallback_reason is None and warnings == []
 
@@ -111,7 +120,7 @@ def test_a_calibrated_winner_picks_the_attention_and_says_so(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The attention ``ssindex calibrate`` found faster for this model: SDPA, or the
     kernel, each named with its figure; a winner measured on another model is not
-    followed. On any CPU: the machine's answers (AMX, a kernel that installs) are set."""
+    followed. On any CPU: the machine's answers (fast bf16, a kernel that installs) are set."""
     from ssindex.backends import torch_backend
 
     model = ModelSpec.resolve(None)
@@ -124,11 +133,11 @@ def test_a_calibrated_winner_picks_the_attention_and_says_so(
 
     assert chosen("sdpa") == (None, "attention: SDPA, calibrated winner (9 vs 8)", "")
     assert chosen(attention.NAME) == (
-        attention.NAME, "attention: AMX kernel, calibrated winner (9 vs 8)", "")
+        attention.NAME, f"attention: {attention.kind()} kernel, calibrated winner (9 vs 8)", "")
     assert chosen("sdpa", "other-model@0123456789ab") == (
-        attention.NAME, "attention: AMX kernel", "")
+        attention.NAME, f"attention: {attention.kind()} kernel", "")
     monkeypatch.setattr(attention, "install", lambda: "no C++ compiler")
-    assert chosen(attention.NAME) == (None, "", "AMX attention unavailable, SDPA runs: "
+    assert chosen(attention.NAME) == (None, "", "attention kernel unavailable, SDPA runs: "
                                                 "no C++ compiler")
     assert chosen("sdpa")[:2] == (None, "attention: SDPA, calibrated winner (9 vs 8)")
     monkeypatch.setattr(attention, "wanted", lambda: False)
@@ -139,7 +148,7 @@ def test_a_calibrated_winner_picks_the_attention_and_says_so(
 def test_the_stored_winner_reaches_the_bf16_backend(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A stored SDPA winner for this machine and model is what ``create`` builds, on an
-    AMX CPU; elsewhere there is no choice and nothing to say."""
+    CPU with AMX or AVX512-BF16; elsewhere there is no choice and nothing to say."""
     from ssindex.backends.calibration import CALIBRATION_FILE, machine_key
     from ssindex.backends.inventory import detect
     from ssindex.backends.registry import create

@@ -357,7 +357,7 @@ def test_calibrate_stores_winners_that_doctor_and_auto_use(
     assert all(f["bulk_chunks_per_s"] > 0 and f["query_ms_p50"] > 0 for f in timed.values())
     for name, figure in timed.items():
         assert f"{figure['bulk_chunks_per_s']} chunks/s in bulk" in screen, (name, screen)
-    if attention.install() == "":  # an AMX CPU: bf16 timed with the kernel and with SDPA
+    if attention.install() == "":  # a fast-bf16 CPU: bf16 timed with the kernel and with SDPA
         assert record["phases"]["attention"]["backend"] in (attention.NAME, "sdpa")
         assert record["phases"]["attention"]["model"] == record["model"]
         assert f"attention → {record['phases']['attention']['backend']} (" in screen

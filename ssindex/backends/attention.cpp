@@ -1,10 +1,11 @@
-// Bidirectional bf16 attention on AMX tiles, for encoders with short sequences and
-// small heads (ssindex/backends/attention.py says why and when it runs).
+// Bidirectional bf16 attention for encoders with short sequences and small heads, on AMX
+// tiles or, without them, in AVX512-BF16 registers (ssindex/backends/attention.py says
+// why and when it runs).
 //
 // One task per (sequence, head), over its L real tokens only (padding is on the right):
-// scores of 16 queries at a time in tiles, a softmax over whole rows in AVX-512, then
-// P.V in tiles. Keys and values are packed once per task into the pair layout
-// (VNNI) that tdpbf16ps reads. Head sizes 32 and 64, sequences up to 512 tokens.
+// scores of 16 queries at a time, a softmax over whole rows in AVX-512, then P.V. Keys
+// and values are packed once per task into the pair layout (VNNI) that tdpbf16ps and
+// vdpbf16ps both read. Head sizes 32 and 64, sequences up to 512 tokens.
 #include <immintrin.h>
 #include <stdint.h>
 #include <string.h>
@@ -108,7 +109,63 @@ static inline __mmask16 first(int n) {
 #define SCORES(T, K) do { _tile_zero(T); _tile_loadd(K, kb, 64); _tile_dpbf16ps(T, 0, K); \
     if (DK == 2) { _tile_loadd(K, kb + 512, 64); _tile_dpbf16ps(T, 6, K); } } while (0)
 
+// Without tiles: each 16-key block of packed K holds, per dimension pair, one register
+// of the 16 keys' pairs; vdpbf16ps takes it against a query's pair broadcast. Eight
+// query rows by NB blocks of keys keep 8 x NB sums in flight, enough to hide its latency.
+template <int D, int NB>
+static inline void scores_block(const uint16_t* qb, int64_t qs, const uint16_t* kp, int jb,
+                                float* sc) {
+    constexpr int DK = D / 32;
+    for (int r0 = 0; r0 < 16; r0 += 8) {
+        __m512 acc[8][NB];
+        for (int r = 0; r < 8; ++r)
+            for (int n = 0; n < NB; ++n) acc[r][n] = _mm512_setzero_ps();
+        for (int dk = 0; dk < DK; ++dk)
+            for (int p = 0; p < 16; ++p) {
+                __m512bh keys[NB];
+                for (int n = 0; n < NB; ++n)
+                    keys[n] = (__m512bh)_mm512_loadu_si512(
+                        kp + ((size_t)(jb / 16 + n) * DK + dk) * 512 + p * 32);
+                for (int r = 0; r < 8; ++r) {
+                    int32_t pair;
+                    memcpy(&pair, qb + (r0 + r) * qs + dk * 32 + 2 * p, 4);
+                    const __m512bh query = (__m512bh)_mm512_set1_epi32(pair);
+                    for (int n = 0; n < NB; ++n) acc[r][n] = _mm512_dpbf16_ps(acc[r][n], keys[n], query);
+                }
+            }
+        for (int r = 0; r < 8; ++r)
+            for (int n = 0; n < NB; ++n) _mm512_storeu_ps(sc + (r0 + r) * SROW + jb + n * 16, acc[r][n]);
+    }
+}
+
+// P.V without tiles: per key pair, the values' register for each 16 dimensions against
+// the row's two numerators broadcast; R rows x D/16 slices = 16 sums in flight
 template <int D>
+static void pv_registers(const uint16_t* pb, const uint16_t* vp, int L32, int rows, float* ob) {
+    constexpr int DC = D / 16, R = 256 / D;
+    for (int r0 = 0; r0 < rows; r0 += R) {
+        __m512 acc[R][DC];
+        for (int r = 0; r < R; ++r)
+            for (int c = 0; c < DC; ++c) acc[r][c] = _mm512_setzero_ps();
+        for (int kb = 0; kb < L32; kb += 32) {
+            const uint16_t* vb = vp + (size_t)(kb / 32) * DC * 512;
+            for (int pr = 0; pr < 16; ++pr) {
+                __m512bh values[DC];
+                for (int c = 0; c < DC; ++c) values[c] = (__m512bh)_mm512_loadu_si512(vb + (c * 16 + pr) * 32);
+                for (int r = 0; r < R; ++r) {
+                    int32_t pair;
+                    memcpy(&pair, pb + (r0 + r) * SROW + kb + 2 * pr, 4);
+                    const __m512bh numerators = (__m512bh)_mm512_set1_epi32(pair);
+                    for (int c = 0; c < DC; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], values[c], numerators);
+                }
+            }
+        }
+        for (int r = 0; r < R; ++r)
+            for (int c = 0; c < DC; ++c) _mm512_storeu_ps(ob + (r0 + r) * D + c * 16, acc[r][c]);
+    }
+}
+
+template <int D, bool TILES>
 static void attend_one(const uint16_t* q, const uint16_t* k, const uint16_t* v, uint16_t* out,
                        int64_t ts, int64_t os, int S, int L, float scale, Scratch* w) {
     const int L16 = (L + 15) & ~15, L32 = (L + 31) & ~31;
@@ -125,23 +182,29 @@ static void attend_one(const uint16_t* q, const uint16_t* k, const uint16_t* v, 
             for (int r = 0; r < rows; ++r) memcpy(w->qpad + r * D, q + (i0 + r) * ts, D * 2);
             qb = w->qpad; qs = D;
         }
-        // scores: tiles 0 and 6 = the queries' dimension slices; 1 and 4 = key blocks;
-        // 2 and 7 = two blocks of scores, so one block's product runs while the other's is stored
-        _tile_loadd(0, qb, qs * 2);
-        if (DK == 2) _tile_loadd(6, qb + 32, qs * 2);
-        int jb = 0;
-        for (; jb + 16 < L16; jb += 32) {
-            const uint16_t* kb = w->kp + (size_t)(jb / 16) * DK * 512;
-            SCORES(2, 1);
-            kb += DK * 512;
-            SCORES(7, 4);
-            _tile_stored(2, w->sc + jb, SROW * 4);
-            _tile_stored(7, w->sc + jb + 16, SROW * 4);
-        }
-        if (jb < L16) {
-            const uint16_t* kb = w->kp + (size_t)(jb / 16) * DK * 512;
-            SCORES(2, 1);
-            _tile_stored(2, w->sc + jb, SROW * 4);
+        if constexpr (TILES) {
+            // scores: tiles 0 and 6 = the queries' dimension slices; 1 and 4 = key blocks; 2
+            // and 7 = two blocks of scores, so one block's product runs while the other's is stored
+            _tile_loadd(0, qb, qs * 2);
+            if (DK == 2) _tile_loadd(6, qb + 32, qs * 2);
+            int jb = 0;
+            for (; jb + 16 < L16; jb += 32) {
+                const uint16_t* kb = w->kp + (size_t)(jb / 16) * DK * 512;
+                SCORES(2, 1);
+                kb += DK * 512;
+                SCORES(7, 4);
+                _tile_stored(2, w->sc + jb, SROW * 4);
+                _tile_stored(7, w->sc + jb + 16, SROW * 4);
+            }
+            if (jb < L16) {
+                const uint16_t* kb = w->kp + (size_t)(jb / 16) * DK * 512;
+                SCORES(2, 1);
+                _tile_stored(2, w->sc + jb, SROW * 4);
+            }
+        } else {
+            int jb = 0;
+            for (; jb + 16 < L16; jb += 32) scores_block<D, 2>(qb, qs, w->kp, jb, w->sc);
+            if (jb < L16) scores_block<D, 1>(qb, qs, w->kp, jb, w->sc);
         }
         // softmax numerators over the L real keys, in base 2; only the last block is masked
         float inv[16], top[16];
@@ -175,22 +238,26 @@ static void attend_one(const uint16_t* q, const uint16_t* k, const uint16_t* v, 
             inv[r] = 1.0f / _mm512_reduce_add_ps(sum);
         }
         for (int r = rows; r < 16; ++r) memset(w->pb + r * SROW, 0, L32 * 2);
-        // P V: tile 0 = 32 keys' numerators, tile 1 = their values, 4.. = output slices
-        _tile_zero(4); _tile_zero(5);
-        if (DC == 4) { _tile_zero(6); _tile_zero(7); }
-        for (int kb = 0; kb < L32; kb += 32) {
-            const uint16_t* vb = w->vp + (size_t)(kb / 32) * DC * 512;
-            _tile_loadd(0, w->pb + kb, SROW * 2);
-            _tile_loadd(1, vb, 64); _tile_dpbf16ps(4, 0, 1);
-            _tile_loadd(2, vb + 512, 64); _tile_dpbf16ps(5, 0, 2);
-            if (DC == 4) {
-                _tile_loadd(1, vb + 1024, 64); _tile_dpbf16ps(6, 0, 1);
-                _tile_loadd(2, vb + 1536, 64); _tile_dpbf16ps(7, 0, 2);
+        if constexpr (TILES) {
+            // P V: tile 0 = 32 keys' numerators, tile 1 = their values, 4.. = output slices
+            _tile_zero(4); _tile_zero(5);
+            if (DC == 4) { _tile_zero(6); _tile_zero(7); }
+            for (int kb = 0; kb < L32; kb += 32) {
+                const uint16_t* vb = w->vp + (size_t)(kb / 32) * DC * 512;
+                _tile_loadd(0, w->pb + kb, SROW * 2);
+                _tile_loadd(1, vb, 64); _tile_dpbf16ps(4, 0, 1);
+                _tile_loadd(2, vb + 512, 64); _tile_dpbf16ps(5, 0, 2);
+                if (DC == 4) {
+                    _tile_loadd(1, vb + 1024, 64); _tile_dpbf16ps(6, 0, 1);
+                    _tile_loadd(2, vb + 1536, 64); _tile_dpbf16ps(7, 0, 2);
+                }
             }
+            _tile_stored(4, w->ob, D * 4);
+            _tile_stored(5, w->ob + 16, D * 4);
+            if (DC == 4) { _tile_stored(6, w->ob + 32, D * 4); _tile_stored(7, w->ob + 48, D * 4); }
+        } else {
+            pv_registers<D>(w->pb, w->vp, L32, rows, w->ob);
         }
-        _tile_stored(4, w->ob, D * 4);
-        _tile_stored(5, w->ob + 16, D * 4);
-        if (DC == 4) { _tile_stored(6, w->ob + 32, D * 4); _tile_stored(7, w->ob + 48, D * 4); }
         for (int r = 0; r < rows; ++r) {
             const __m512 f = _mm512_set1_ps(inv[r]);
             uint16_t* dst = out + (size_t)(i0 + r) * os;
@@ -209,17 +276,21 @@ extern "C" int ssindex_amx_init(void) {
     return (int)syscall(SYS_arch_prctl, 0x1023, 18);
 }
 
+// tiles: 1 on a CPU with AMX, whose tile state ssindex_amx_init has been granted; 0 runs
+// the same attention in AVX512-BF16 registers
 extern "C" int ssindex_attend(const uint16_t* q, const uint16_t* k, const uint16_t* v, uint16_t* out,
                               const int64_t* lengths, int B, int S, int H, int D,
-                              int64_t bs, int64_t ts, float scale) {
+                              int64_t bs, int64_t ts, float scale, int tiles) {
     if ((D != 32 && D != 64) || S > MAXS) return 1;
     #pragma omp parallel
     {
-        TileConfig cfg;
-        memset(&cfg, 0, sizeof cfg);
-        cfg.palette = 1;
-        for (int t = 0; t < 8; ++t) { cfg.colsb[t] = 64; cfg.rows[t] = 16; }
-        _tile_loadconfig(&cfg);
+        if (tiles) {
+            TileConfig cfg;
+            memset(&cfg, 0, sizeof cfg);
+            cfg.palette = 1;
+            for (int t = 0; t < 8; ++t) { cfg.colsb[t] = 64; cfg.rows[t] = 16; }
+            _tile_loadconfig(&cfg);
+        }
         alignas(64) static thread_local Scratch scratch;  // each thread's, kept
         Scratch* w = &scratch;
         #pragma omp for schedule(dynamic, 1)
@@ -228,10 +299,16 @@ extern "C" int ssindex_attend(const uint16_t* q, const uint16_t* k, const uint16
             const int L = (int)lengths[b];
             const int64_t off = (int64_t)b * bs + (int64_t)h * D;
             const int64_t ooff = ((int64_t)b * S * H + h) * D;
-            if (D == 32) attend_one<32>(q + off, k + off, v + off, out + ooff, ts, (int64_t)H * D, S, L, scale, w);
-            else attend_one<64>(q + off, k + off, v + off, out + ooff, ts, (int64_t)H * D, S, L, scale, w);
+            const int64_t os = (int64_t)H * D;
+            if (tiles) {
+                if (D == 32) attend_one<32, true>(q + off, k + off, v + off, out + ooff, ts, os, S, L, scale, w);
+                else attend_one<64, true>(q + off, k + off, v + off, out + ooff, ts, os, S, L, scale, w);
+            } else {
+                if (D == 32) attend_one<32, false>(q + off, k + off, v + off, out + ooff, ts, os, S, L, scale, w);
+                else attend_one<64, false>(q + off, k + off, v + off, out + ooff, ts, os, S, L, scale, w);
+            }
         }
-        _tile_release();
+        if (tiles) _tile_release();
     }
     return 0;
 }

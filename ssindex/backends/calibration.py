@@ -1,5 +1,5 @@
 """What ``ssindex calibrate`` stored for this machine: a winner per phase (a backend and
-its figure), and where the AMX attention kernel runs (``backends.attention``), the
+its figure), and where the attention kernel runs (``backends.attention``), the
 attention that won for the model it was measured on (under ``attention``)."""
 
 from __future__ import annotations

@@ -156,7 +156,7 @@ def select(
 
 
 def _noted(selection: Selection, warn: Callable[[str], None] | None) -> Selection:
-    """Which attention a bf16 torch model runs on an AMX CPU joins the reason; a kernel
+    """Which attention a bf16 torch model runs on a CPU joins the reason; a kernel
     that could not be built (SDPA runs instead) joins the fallback reason and is warned
     about. Only ``TorchBackend`` has these notes; read by name, so that choosing a query
     backend does not import the torch backend's module."""

@@ -37,7 +37,8 @@ GPU_BYTES_PER_TOKEN = 64 << 10
 SDPA_MASKED = frozenset({"albert", "bert", "distilbert", "electra", "roberta", "xlm-roberta"})
 """Bidirectional encoders whose attention takes a padding mask and nothing else: on CUDA
 they get it ready for SDPA (``host_masks``), each giving the vectors of transformers' own
-mask (``tests/test_models.py``), and on an AMX CPU they may run ``backends.attention``.
+mask (``tests/test_models.py``), and on a CPU with AMX or AVX512-BF16 they may run
+``backends.attention``.
 Not ModernBERT, whose local attention lives in the mask transformers builds."""
 
 
@@ -91,8 +92,8 @@ class TorchBackend:
         weights_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
         self.attn_implementation, self.attention_note, self.attention_fallback = _attention(
             model, device, precision, attention_winner or {})
-        """The AMX attention kernel's name where it runs (None: SDPA); for the report,
-        which attention runs on an AMX CPU, and why the kernel could not where it failed."""
+        """The attention kernel's name where it runs (None: SDPA); for the report,
+        which attention runs where the kernel could, and why it could not where it failed."""
         self._module = load_torch_model(model, device, weights_dtype, self.attn_implementation)
         self._pooled = _pooled(self._module, build_head(model.card).to(device))
         self._compiled: Any = None
@@ -228,7 +229,7 @@ def _attention(model: ModelSpec, device: str, precision: str,
                winner: dict[str, str]) -> tuple[str | None, str, str]:
     """The attention implementation for bf16 on a CPU (None: transformers' default,
     SDPA where supported), which one the report names, and why the kernel could not
-    run. The AMX kernel (``backends.attention``) runs where it can, unless calibration
+    run. The bf16 kernel (``backends.attention``) runs where it can, unless calibration
     found SDPA faster on this machine for this model (``winner``, measured on the model
     it names); elsewhere nothing is said."""
     if ((device, precision) != ("cpu", "bf16") or not attention.wanted()
@@ -241,8 +242,8 @@ def _attention(model: ModelSpec, device: str, precision: str,
         return None, f"attention: SDPA{calibrated}", ""
     why_not = attention.install()
     if not why_not:
-        return attention.NAME, f"attention: AMX kernel{calibrated}", ""
-    return None, "", f"AMX attention unavailable, SDPA runs: {why_not}"
+        return attention.NAME, f"attention: {attention.kind()} kernel{calibrated}", ""
+    return None, "", f"attention kernel unavailable, SDPA runs: {why_not}"
 
 
 def _takes_sdpa_masks(module: Any) -> bool:

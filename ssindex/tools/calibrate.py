@@ -6,7 +6,7 @@ backends (a busy moment on the machine slows them all alike), each call after a
 pass over a buffer the size of a search's scan, so that it finds the caches cold
 as a query does in a search. Timed back to back with warm caches, the fp32 graph
 wins, and loses ~1 ms inside real searches. Winners are stored in the user's
-config dir for this machine; auto selection then tries them first. Where the AMX
+config dir for this machine; auto selection then tries them first. Where the bf16
 attention kernel runs (``backends.attention``), bf16 bulk is also timed with it and
 with SDPA, and the bf16 backend then runs the winner.
 """
@@ -36,7 +36,7 @@ from ssindex.util.fsio import atomic_write_bytes
 BULK_CHUNKS = 48
 ATTENTION_ROUNDS = 5
 SDPA_MARGIN = 1.05
-"""How much faster SDPA must be to displace the AMX kernel: the eager passes timed here
+"""How much faster SDPA must be to displace the kernel: the eager passes timed here
 understate the kernel's gain in a large build's compiled pass (1.21x eager against
 1.31x compiled on an AMX Xeon), and a shared machine's noise is a few percent."""
 QUERY_REPEATS = 25
@@ -83,14 +83,14 @@ def _query_timings(encoders: dict[str, Encoder]) -> dict[str, list[float]]:
 
 def _attention_winner(spec: ModelSpec, texts: list[str],
                       bf16: Encoder | None) -> dict[str, str] | None:
-    """Where the AMX attention kernel runs, bf16 bulk with it (``bf16``: the encoder
+    """Where the attention kernel runs, bf16 bulk with it (``bf16``: the encoder
     timed as ``torch-cpu-bf16``, which runs it where it can) against SDPA: passes taken
     in turn, medians of ``ATTENTION_ROUNDS``, for ``spec`` (the winner names it); the
     kernel stays unless SDPA wins by ``SDPA_MARGIN``. None where there is no choice."""
     from ssindex.backends.torch_backend import TorchBackend
 
     if bf16 is None or getattr(bf16.backend, "attn_implementation", None) != attention.NAME:
-        return None  # no AMX, a model it cannot take, or a kernel that cannot build here
+        return None  # no fast bf16, a model it cannot take, or a kernel that cannot build
     sdpa_backend = TorchBackend(spec, "cpu", "bf16", {"backend": "sdpa", "model": spec.model_id})
     encoders = {attention.NAME: bf16, "sdpa": Encoder(sdpa_backend, spec)}
     encoders["sdpa"].encode(texts[:4])
@@ -102,7 +102,7 @@ def _attention_winner(spec: ModelSpec, texts: list[str],
             rates[name].append(len(texts) / (time.perf_counter() - started))
     kernel, sdpa = (round(statistics.median(rates[name]), 1) for name in (attention.NAME, "sdpa"))
     if sdpa > kernel * SDPA_MARGIN:
-        return {"backend": "sdpa", "figure": f"{sdpa} vs the AMX kernel's {kernel} chunks/s "
+        return {"backend": "sdpa", "figure": f"{sdpa} vs the kernel's {kernel} chunks/s "
                 f"in bf16", "model": spec.model_id}
     return {"backend": attention.NAME, "figure": f"{kernel} vs SDPA's {sdpa} chunks/s in bf16",
             "model": spec.model_id}
