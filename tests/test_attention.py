@@ -147,7 +147,7 @@ def test_a_calibrated_winner_picks_the_attention_and_says_so(
 
 def test_the_stored_winner_reaches_the_bf16_backend(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A stored SDPA winner for this machine and model is what ``create`` builds, on an
+    """A stored SDPA winner for this machine and model is what ``create`` builds, on a
     CPU with AMX or AVX512-BF16; elsewhere there is no choice and nothing to say."""
     from ssindex.backends.calibration import CALIBRATION_FILE, machine_key
     from ssindex.backends.inventory import detect
