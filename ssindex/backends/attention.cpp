@@ -109,6 +109,13 @@ static inline __mmask16 first(int n) {
 #define SCORES(T, K) do { _tile_zero(T); _tile_loadd(K, kb, 64); _tile_dpbf16ps(T, 0, K); \
     if (DK == 2) { _tile_loadd(K, kb + 512, 64); _tile_dpbf16ps(T, 6, K); } } while (0)
 
+// A bf16 pair (two adjacent elements) broadcast to every 32-bit lane, as vdpbf16ps takes it
+static inline __m512bh pair_of(const uint16_t* at) {
+    int32_t pair;
+    memcpy(&pair, at, 4);
+    return (__m512bh)_mm512_set1_epi32(pair);
+}
+
 // Without tiles: each 16-key block of packed K holds, per dimension pair, one register
 // of the 16 keys' pairs; vdpbf16ps takes it against a query's pair broadcast. Eight
 // query rows by NB blocks of keys keep 8 x NB sums in flight, enough to hide its latency.
@@ -127,9 +134,7 @@ static inline void scores_block(const uint16_t* qb, int64_t qs, const uint16_t* 
                     keys[n] = (__m512bh)_mm512_loadu_si512(
                         kp + ((size_t)(jb / 16 + n) * DK + dk) * 512 + p * 32);
                 for (int r = 0; r < 8; ++r) {
-                    int32_t pair;
-                    memcpy(&pair, qb + (r0 + r) * qs + dk * 32 + 2 * p, 4);
-                    const __m512bh query = (__m512bh)_mm512_set1_epi32(pair);
+                    const __m512bh query = pair_of(qb + (r0 + r) * qs + dk * 32 + 2 * p);
                     for (int n = 0; n < NB; ++n) acc[r][n] = _mm512_dpbf16_ps(acc[r][n], keys[n], query);
                 }
             }
@@ -153,9 +158,7 @@ static void pv_registers(const uint16_t* pb, const uint16_t* vp, int L32, int ro
                 __m512bh values[DC];
                 for (int c = 0; c < DC; ++c) values[c] = (__m512bh)_mm512_loadu_si512(vb + (c * 16 + pr) * 32);
                 for (int r = 0; r < R; ++r) {
-                    int32_t pair;
-                    memcpy(&pair, pb + (r0 + r) * SROW + kb + 2 * pr, 4);
-                    const __m512bh numerators = (__m512bh)_mm512_set1_epi32(pair);
+                    const __m512bh numerators = pair_of(pb + (r0 + r) * SROW + kb + 2 * pr);
                     for (int c = 0; c < DC; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], values[c], numerators);
                 }
             }

@@ -88,6 +88,7 @@ def install() -> str:
 
 
 def _install() -> str:
+    global _tiles
     import torch
     import transformers
 
@@ -99,7 +100,6 @@ def _install() -> str:
         library = ctypes.CDLL(str(_compiled()))
     except (OSError, subprocess.SubprocessError) as exc:
         return f"the attention kernel did not build: {exc}"
-    global _tiles
     # without AMX, or refused its tile state by Linux, the kernel runs in registers
     _tiles = torch.cpu._is_amx_tile_supported() and library.ssindex_amx_init() == 0
     _register(torch, library)
