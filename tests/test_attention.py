@@ -61,6 +61,23 @@ def test_the_kernel_gives_sdpa_attention_over_each_sequences_real_tokens(
     assert not out[~real].any()
 
 
+@kernel_cpu
+@pytest.mark.usefixtures("kernel")
+@pytest.mark.parametrize("tiles", TILES, ids=lambda tiles: "tiles" if tiles else "registers")
+def test_the_kernel_refuses_lengths_past_the_sequence_and_zeroes_an_empty_one(
+        tiles: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The operator is public (``torch.ops.ssindex.attention``): a length past the
+    sequence, or below zero, is refused before a row is read; a sequence of no tokens
+    comes out as zeros."""
+    monkeypatch.setattr(attention, "_tiles", tiles)
+    heads = torch.randn(2, 40, 12, 32, generator=torch.Generator().manual_seed(0)).bfloat16()
+    for lengths in ([41, 3], [-1, 3]):
+        with pytest.raises(ValueError, match=r"lengths must lie in 0\.\.40"):
+            torch.ops.ssindex.attention(heads, heads, heads, torch.tensor(lengths), 0.17)
+    out = torch.ops.ssindex.attention(heads, heads, heads, torch.tensor([0, 40]), 0.17)
+    assert not out[0].any() and out[1].isfinite().all() and out[1].any()
+
+
 def test_a_bf16_cpu_model_runs_the_kernel_exactly_where_it_can() -> None:
     """On a CPU with AMX or AVX512-BF16 the bundled model's bf16 backend runs the kernel,
     close to fp32, and says which; elsewhere it runs SDPA and has nothing to say."""

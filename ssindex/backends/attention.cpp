@@ -285,6 +285,8 @@ extern "C" int ssindex_attend(const uint16_t* q, const uint16_t* k, const uint16
                               const int64_t* lengths, int B, int S, int H, int D,
                               int64_t bs, int64_t ts, float scale, int tiles) {
     if ((D != 32 && D != 64) || S > MAXS) return 1;
+    for (int b = 0; b < B; ++b)  // a length past its sequence would read past its rows
+        if (lengths[b] < 0 || lengths[b] > S) return 2;
     #pragma omp parallel
     {
         if (tiles) {

@@ -155,6 +155,9 @@ def _register(torch: Any, library: ctypes.CDLL) -> None:
         failed = attend(query.data_ptr(), key.data_ptr(), value.data_ptr(), out.data_ptr(),
                         lengths.data_ptr(), batch, seq, heads, dim, seq * heads * dim,
                         heads * dim, scale, int(_tiles))
+        if failed == 2:
+            raise ValueError(f"attention lengths must lie in 0..{seq}, the sequence's tokens; "
+                             f"got {lengths.tolist()}")
         if failed:
             raise RuntimeError(f"the attention kernel cannot take {seq} tokens of {dim}-dim "
                                "heads")
