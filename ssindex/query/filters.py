@@ -33,10 +33,17 @@ MASKS = 32
 """Filters whose row masks a searcher keeps."""
 
 
-def _values(items: Iterable[str] | None) -> tuple[str, ...]:
-    """Repeated or comma-separated option values, stripped, in order, without repeats."""
-    found = [part.strip() for item in items or () for part in item.split(",")]
-    return tuple(dict.fromkeys(part for part in found if part))
+def _values(items: Iterable[str] | None, option: str) -> tuple[str, ...]:
+    """Repeated or comma-separated option values, stripped, in order, without repeats.
+    An option given only empty values (``--lang ""``, an unset shell variable) is a
+    ``ConfigError``: dropping them would silently search without the filter asked for."""
+    given = list(items or ())
+    found = [part.strip() for item in given for part in item.split(",")]
+    values = tuple(dict.fromkeys(part for part in found if part))
+    if given and not values:
+        raise ConfigError(f"--{option} {' '.join(map(repr, given))} names nothing: give a "
+                          f"value, or leave --{option} out")
+    return values
 
 
 @dataclass(frozen=True)
@@ -63,12 +70,12 @@ class Filters:
         checked: an unknown language, kind or test mode is a ``ConfigError`` that lists
         the known ones."""
         named = []
-        for language in _values(languages):
+        for language in _values(languages, "lang"):
             if (known := language_named(language)) is None:
                 raise ConfigError(f"unknown language {language!r} (known: "
                                   f"{', '.join(sorted(LANGUAGES))})")
             named.append(known)
-        wanted = tuple(kind.lower() for kind in _values(kinds))
+        wanted = tuple(kind.lower() for kind in _values(kinds, "kind"))
         if unknown := [kind for kind in wanted if kind not in CHUNK_KINDS]:
             raise ConfigError(f"unknown kind {unknown[0]!r} (known: "
                               f"{', '.join(sorted(CHUNK_KINDS))})")
@@ -77,8 +84,9 @@ class Filters:
         if symbol is not None and ("*" in symbol.rstrip("*") or not symbol.strip("*").strip()):
             raise ConfigError(f"--symbol {symbol!r}: a name, or a name's start and one "
                               "trailing * (parse*)")
-        built = cls(_values(paths), _values(excludes), tuple(dict.fromkeys(named)), wanted,
-                    symbol.strip() if symbol else None, tests or "include")
+        built = cls(_values(paths, "path"), _values(excludes, "exclude"),
+                    tuple(dict.fromkeys(named)), wanted, symbol.strip() if symbol else None,
+                    tests or "include")
         for globs in (built.paths, built.excludes):
             compiled(globs)  # a bad glob is the user's error now, not mid-search
         return built
