@@ -88,11 +88,12 @@ _STORAGE_MESSAGES = {"no space left on device": errno.ENOSPC, "quota exceeded": 
 
 
 @contextlib.contextmanager
-def storage_faults(what: str, where: object) -> Iterator[None]:
+def storage_faults(what: str, where: object, *, head: bool = False) -> Iterator[None]:
     """A full, read-only or forbidden disk while writing ``what`` as one line that names
     the fix. A commit is the last write of a build (``HEAD.json``), so any of these
-    leaves the previous index as it was. Lance reports the same faults as ``OSError``
-    or ``RuntimeError``, at times with the reason in its message alone."""
+    leaves the previous index as it was, except a directory standing at the head
+    itself (``head``): that hides every version. Lance reports the same faults as
+    ``OSError`` or ``RuntimeError``, at times with the reason in its message alone."""
     try:
         yield
     except SsindexError:
@@ -106,12 +107,15 @@ def storage_faults(what: str, where: object) -> Iterator[None]:
         if code is None:
             raise
         reason, fix = _STORAGE_FAULTS[code]
+        after = "the previous index is intact and still answers searches"
         # a rename names the directory second, an open first
         if code == errno.EISDIR and (name := getattr(exc, "filename2", None)
                                      or getattr(exc, "filename", None)):
             fix = f"remove the directory {name}"
-        raise IndexNotWritable(f"{reason} while writing {what} in {where}: {fix}; the "
-                               "previous index is intact and still answers searches") from exc
+            if head:
+                after = "until then no version of the index answers searches"
+        raise IndexNotWritable(f"{reason} while writing {what} in {where}: {fix}; "
+                               f"{after}") from exc
 
 
 @contextlib.contextmanager

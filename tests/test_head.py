@@ -164,6 +164,10 @@ def test_a_build_names_a_directory_where_a_file_should_be(tree: Path, name: str)
     assert result.returncode == 5 and "Traceback" not in result.stderr, result.stderr
     assert "a directory stands where the index keeps a file while writing" in result.stderr
     assert f"remove the directory {index / name}" in result.stderr
+    # a directory at the head hides every version; at the lock, the last one still answers
+    after = ("until then no version of the index answers searches" if name == "HEAD.json"
+             else "the previous index is intact and still answers searches")
+    assert after in result.stderr
     assert not [path for path in index.iterdir() if path.name.startswith(f".{name}.")]
 
 

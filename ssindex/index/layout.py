@@ -245,7 +245,7 @@ class IndexDir:
         return Head(data)
 
     def write_head(self, data: dict[str, Any]) -> None:
-        with storage_faults(HEAD, self.path):
+        with storage_faults(HEAD, self.path, head=True):
             atomic_write_bytes(self.path / HEAD, json.dumps(data, indent=2).encode())
 
     def ensure_writable(self) -> None:
