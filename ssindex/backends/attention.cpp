@@ -10,6 +10,7 @@
 #include <stdint.h>
 #include <string.h>
 #include <math.h>
+#include <omp.h>
 #include <unistd.h>
 #include <sys/syscall.h>
 
@@ -287,6 +288,11 @@ extern "C" int ssindex_attend(const uint16_t* q, const uint16_t* k, const uint16
     if ((D != 32 && D != 64) || S > MAXS) return 1;
     for (int b = 0; b < B; ++b)  // a length past its sequence would read past its rows
         if (lengths[b] < 0 || lengths[b] > S) return 2;
+    // a thread takes every head of a sequence in turn where there are sequences enough to
+    // share: a token's heads sit side by side, so one core reads whole runs of its lines.
+    // Against a head at a time, which split each run between cores: 1.04-1.5x on AMX
+    // tiles, 1.01-1.24x in registers (the same Xeon); 4 heads a time gained half as much
+    const int heads_per_task = B >= 2 * omp_get_max_threads() ? H : 1;
     #pragma omp parallel
     {
         if (tiles) {
@@ -298,7 +304,7 @@ extern "C" int ssindex_attend(const uint16_t* q, const uint16_t* k, const uint16
         }
         alignas(64) static thread_local Scratch scratch;  // each thread's, kept
         Scratch* w = &scratch;
-        #pragma omp for schedule(dynamic, 1)
+        #pragma omp for schedule(dynamic, heads_per_task)
         for (int t = 0; t < B * H; ++t) {
             const int b = t / H, h = t % H;
             const int L = (int)lengths[b];
