@@ -20,7 +20,9 @@ kernel_cpu = pytest.mark.skipif(
     not attention.wanted(),
     reason=f"the CPU has neither AMX tiles nor AVX512-BF16 (or {attention.SWITCH_ENV}=0)")
 """The kernel's own tests need the instructions it is written in; elsewhere nothing runs it."""
-TILES = [False, True] if torch.cpu._is_amx_tile_supported() else [False]
+each_product = pytest.mark.parametrize(
+    "tiles", [False, True] if torch.cpu._is_amx_tile_supported() else [False],
+    ids=lambda tiles: "tiles" if tiles else "registers")
 """Both ways of multiplying where the CPU has AMX tiles; AVX512-BF16 registers everywhere."""
 
 
@@ -33,7 +35,7 @@ def kernel() -> None:
 
 @kernel_cpu
 @pytest.mark.usefixtures("kernel")
-@pytest.mark.parametrize("tiles", TILES, ids=lambda tiles: "tiles" if tiles else "registers")
+@each_product
 @pytest.mark.parametrize(("seq", "dim"), [(40, 32), (170, 32), (512, 32), (77, 64)])
 def test_the_kernel_gives_sdpa_attention_over_each_sequences_real_tokens(
         seq: int, dim: int, tiles: bool, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -63,7 +65,7 @@ def test_the_kernel_gives_sdpa_attention_over_each_sequences_real_tokens(
 
 @kernel_cpu
 @pytest.mark.usefixtures("kernel")
-@pytest.mark.parametrize("tiles", TILES, ids=lambda tiles: "tiles" if tiles else "registers")
+@each_product
 def test_the_kernel_refuses_lengths_past_the_sequence_and_zeroes_an_empty_one(
         tiles: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """The operator is public (``torch.ops.ssindex.attention``): a length past the

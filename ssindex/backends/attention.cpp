@@ -281,7 +281,8 @@ extern "C" int ssindex_amx_init(void) {
 }
 
 // tiles: 1 on a CPU with AMX, whose tile state ssindex_amx_init has been granted; 0 runs
-// the same attention in AVX512-BF16 registers
+// the same attention in AVX512-BF16 registers. Returns 0, or before reading a row 1 for
+// heads or sequences it cannot take, 2 for a length outside 0..S (attention.py says which)
 extern "C" int ssindex_attend(const uint16_t* q, const uint16_t* k, const uint16_t* v, uint16_t* out,
                               const int64_t* lengths, int B, int S, int H, int D,
                               int64_t bs, int64_t ts, float scale, int tiles) {
