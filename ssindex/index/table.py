@@ -6,6 +6,7 @@ import contextlib
 import itertools
 import queue
 import shutil
+import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from datetime import timedelta
@@ -55,8 +56,9 @@ class TableWriter:
         changed = self._changed(batches, previous_digests)
         # LanceDB's import (~1.2 s) runs beside the stages' start: taken after the first
         # batch, in this thread, it held the stages back and a clean build's workers idle
-        threading.Thread(target=_import_lancedb, daemon=True, name="ssindex-lancedb-import",
-                         ).start()
+        if "lancedb" not in sys.modules:
+            threading.Thread(target=_import_lancedb, daemon=True,
+                             name="ssindex-lancedb-import").start()
         first = next(changed, None)
         changed = itertools.chain([] if first is None else [first], changed)
         db = self.index.connect()
